@@ -1,0 +1,450 @@
+"""A pool of warm sandboxes that episodes lease and give back.
+
+``SandboxPool(image, size)`` keeps ``size`` sandboxes ready. :meth:`lease`
+(or ``await`` :meth:`alease`) hands one out in well under a millisecond when
+one is warm; :meth:`release` gives it back, and by default the pool throws it
+away and starts a fresh one in the background, so nothing an episode did can
+leak into the next. A monitor thread replaces sandboxes that die while idle
+(a container killed from outside); a leased sandbox that dies raises
+:class:`~envs.sandbox.SandboxError` in its holder's ``run`` instead of hanging.
+
+Every container carries the project's labels (run id, owner pid, host), so the
+leftovers of a run that died, even by SIGKILL, are removed by
+``python -m containers reap``, which the pool also runs when it starts.
+The pool closes everything on ``close()``, at interpreter exit, and on SIGINT
+and SIGTERM. Several Docker engines can back one pool (``hosts=[...]``): new
+sandboxes go to the engine with the fewest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import logging
+import signal
+import threading
+import time
+import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from envs.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxError, SandboxSpec,
+                          warn_local_backend)
+
+log = logging.getLogger(__name__)
+_LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
+
+
+class PoolTimeout(TimeoutError):
+    """No sandbox became free within the lease timeout."""
+
+
+class PoolClosed(RuntimeError):
+    """The pool was closed (or its process is being interrupted)."""
+
+
+def docker_available(host: str | None = None) -> bool:
+    """Whether a Docker engine answers at ``host`` (default: the environment's)."""
+    try:
+        import docker
+        client = docker.DockerClient(base_url=host) if host else docker.from_env()
+        client.ping()
+        client.close()
+        return True
+    except Exception:
+        return False
+
+
+class SandboxPool:
+    """Keeps ``size`` sandboxes warm and leases them out, thread- and asyncio-safe.
+
+    Args:
+        image: image name, or a full :class:`SandboxSpec`.
+        size: sandboxes kept ready (also the bound on concurrent leases).
+        backend: ``"docker"``, ``"local"`` or ``"auto"`` (Docker when an engine
+            answers, else the local backend with a warning).
+        hosts: Docker engine URLs (``unix://...``, ``tcp://...``); default the
+            environment's engine (``DOCKER_HOST``).
+        reset: ``"replace"`` (default; a fresh sandbox after every lease) or
+            ``"reuse"`` (hand the same one out again; faster, leaks state).
+        start_workers: sandboxes created at once while filling the pool.
+    """
+
+    def __init__(self, image: str | SandboxSpec = "nextstate/terminal:latest", size: int = 4, *,
+                 backend: str = "auto", hosts: list[str] | None = None, reset: str = "replace",
+                 start_workers: int = 8, run_id: str | None = None, build_missing: bool = True,
+                 **spec_overrides: Any):
+        if size < 1:
+            raise ValueError(f"pool size must be at least 1, got {size}")
+        if reset not in ("replace", "reuse"):
+            raise ValueError(f"reset must be 'replace' or 'reuse', got {reset!r}")
+        spec = image if isinstance(image, SandboxSpec) else SandboxSpec(image=image)
+        self.spec = replace(spec, **spec_overrides)
+        self.size, self.reset = size, reset
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.backend = self._pick_backend(backend, hosts)
+        self._lock = threading.Lock()
+        self._ready: collections.deque[Sandbox] = collections.deque()
+        # A waiter takes a sandbox (True: accepted) or None when the pool closes.
+        self._waiters: collections.deque[Callable[[Sandbox | None], bool]] = collections.deque()
+        self._leased: set[Sandbox] = set()
+        self._starting = 0
+        self._failures: collections.deque[str] = collections.deque(maxlen=5)
+        self._closed = False
+        self._clients: list[Any] = []
+        self._per_client: collections.Counter[int] = collections.Counter()
+        if self.backend == "docker":
+            self._connect(hosts or [None], build_missing)
+        else:
+            warn_local_backend()
+        self._workers = ThreadPoolExecutor(max_workers=max(1, start_workers),
+                                           thread_name_prefix="sandbox-pool")
+        _install_exit_handlers()
+        _LIVE_POOLS.add(self)
+        for _ in range(size):
+            self._spawn()
+        self._monitor = threading.Thread(target=self._watch, daemon=True, name="sandbox-monitor")
+        self._monitor.start()
+
+    # -- setup -----------------------------------------------------------------
+    @staticmethod
+    def _pick_backend(backend: str, hosts: list[str] | None) -> str:
+        if backend not in ("auto", "docker", "local"):
+            raise ValueError(f"backend must be auto, docker or local, got {backend!r}")
+        if backend == "auto":
+            return "docker" if docker_available(hosts[0] if hosts else None) else "local"
+        return backend
+
+    def _connect(self, hosts: list[str | None], build_missing: bool) -> None:
+        import docker
+        import containers
+        for host in hosts:
+            try:
+                client = docker.DockerClient(base_url=host) if host else docker.from_env()
+                client.ping()
+            except Exception as e:
+                raise SandboxError(
+                    f"Docker engine not reachable at {host or 'DOCKER_HOST/default socket'}: {e}. "
+                    "Start dockerd, or use backend='local'.") from e
+            removed = containers.reap(client)
+            if removed:
+                log.info("removed %d leftover containers of dead runs on %s", removed, host or "default")
+            self._ensure_image(client, build_missing)
+            self._clients.append(client)
+
+    def _ensure_image(self, client: Any, build_missing: bool) -> None:
+        import docker
+        import containers
+        try:
+            client.images.get(self.spec.image)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        name = self.spec.image.split("/")[-1].split(":")[0]
+        known = (Path(containers.__file__).parent / name / "Dockerfile").exists()
+        if build_missing and self.spec.image.startswith("nextstate/") and known:
+            log.warning("image %s is missing: building it now (python -m containers build %s)",
+                        self.spec.image, name)
+            containers.ensure_image(name, client=client)
+            return
+        raise SandboxError(f"image {self.spec.image} not found; build it with "
+                           f"`python -m containers build` or `docker build`")
+
+    # -- making and dropping sandboxes -------------------------------------------
+    def _new_sandbox(self) -> Sandbox:
+        if self.backend == "local":
+            return LocalSandbox(self.spec)
+        import containers
+        with self._lock:
+            idx = min(range(len(self._clients)), key=lambda i: self._per_client[i])
+            self._per_client[idx] += 1
+        try:
+            sb = DockerSandbox(self.spec, self._clients[idx], containers.owner_labels(self.run_id))
+        except BaseException:
+            with self._lock:
+                self._per_client[idx] -= 1
+            raise
+        sb._pool_client = idx  # type: ignore[attr-defined]
+        return sb
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._starting += 1
+        self._workers.submit(self._start_one)
+
+    def _start_one(self) -> None:
+        try:
+            sb = self._new_sandbox()
+        except Exception as e:
+            log.error("could not start a sandbox: %s", e)
+            self._failures.append(str(e))
+            with self._lock:
+                self._starting -= 1
+            if not self._closed:
+                time.sleep(min(5.0, 0.5 * len(self._failures)))
+                self._spawn()
+            return
+        with self._lock:
+            self._starting -= 1
+        self._failures.clear()
+        self._put_ready(sb)
+
+    def _put_ready(self, sb: Sandbox) -> None:
+        with self._lock:
+            if self._closed:
+                closing = True
+            else:
+                closing = False
+                while self._waiters:
+                    if self._waiters.popleft()(sb):
+                        self._leased.add(sb)
+                        return
+                self._ready.append(sb)
+        if closing:
+            self._destroy(sb)
+
+    def _destroy(self, sb: Sandbox) -> None:
+        try:
+            sb.close()
+        finally:
+            idx = getattr(sb, "_pool_client", None)
+            if idx is not None:
+                with self._lock:
+                    self._per_client[idx] -= 1
+
+    # -- leasing ----------------------------------------------------------------
+    def _take_ready(self) -> Sandbox | None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("the sandbox pool is closed")
+            if self._ready:
+                sb = self._ready.popleft()
+                self._leased.add(sb)
+                return sb
+        return None
+
+    def lease(self, timeout: float | None = None) -> Sandbox:
+        """A ready sandbox; waits for one up to ``timeout`` seconds (None: forever)."""
+        sb = self._take_ready()
+        if sb is not None:
+            return sb
+        got: list[Sandbox] = []
+        event = threading.Event()
+
+        def waiter(s: Sandbox | None) -> bool:
+            if event.is_set():  # caller gave up
+                return False
+            if s is not None:
+                got.append(s)
+            event.set()
+            return True
+
+        with self._lock:
+            if self._ready:  # filled between the two looks
+                sb = self._ready.popleft()
+                self._leased.add(sb)
+                return sb
+            self._waiters.append(waiter)
+        if not event.wait(timeout):
+            with self._lock:
+                if not got:
+                    event.set()
+                    raise PoolTimeout(self._timeout_message(timeout))
+        if not got:
+            raise PoolClosed("the sandbox pool was closed while waiting")
+        return got[0]
+
+    async def alease(self, timeout: float | None = None) -> Sandbox:
+        """Asyncio version of :meth:`lease`; never blocks the event loop."""
+        sb = self._take_ready()
+        if sb is not None:
+            return sb
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Sandbox] = loop.create_future()
+
+        def deliver(s: Sandbox | None) -> None:
+            if s is None:
+                if not fut.done():
+                    fut.set_exception(PoolClosed("the sandbox pool was closed while waiting"))
+            elif fut.done():  # cancelled meanwhile: give it back
+                with self._lock:
+                    self._leased.discard(s)
+                self._put_ready(s)
+            else:
+                fut.set_result(s)
+
+        def waiter(s: Sandbox | None) -> bool:
+            if fut.done():
+                return False
+            loop.call_soon_threadsafe(deliver, s)
+            return True
+
+        with self._lock:
+            if self._ready:
+                sb = self._ready.popleft()
+                self._leased.add(sb)
+                return sb
+            self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise PoolTimeout(self._timeout_message(timeout)) from None
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        msg = f"no sandbox became free within {timeout}s (pool size {self.size}, {len(self._leased)} leased)"
+        if self._failures:
+            msg += f"; recent start failures: {self._failures[-1]}"
+        return msg
+
+    def release(self, sb: Sandbox) -> None:
+        """Give a leased sandbox back. Safe to call twice or after the pool closed."""
+        with self._lock:
+            if sb not in self._leased:
+                return
+            self._leased.discard(sb)
+            reuse = self.reset == "reuse" and not self._closed
+        if reuse and sb.is_alive():
+            self._put_ready(sb)
+            return
+        self._workers.submit(self._destroy, sb) if not self._closed else self._destroy(sb)
+        self._spawn()
+
+    @contextmanager
+    def leased(self, timeout: float | None = None) -> Iterator[Sandbox]:
+        """``with pool.leased() as sb:`` -- lease, and always give back."""
+        sb = self.lease(timeout)
+        try:
+            yield sb
+        finally:
+            self.release(sb)
+
+    @asynccontextmanager
+    async def aleased(self, timeout: float | None = None) -> AsyncIterator[Sandbox]:
+        """``async with pool.aleased() as sb:``"""
+        sb = await self.alease(timeout)
+        try:
+            yield sb
+        finally:
+            self.release(sb)
+
+    # -- health --------------------------------------------------------------------
+    def _watch(self, every: float = 2.0) -> None:
+        """Replace idle sandboxes whose container or shell died."""
+        while not self._closed:
+            time.sleep(every)
+            with self._lock:
+                idle = list(self._ready)
+            dead = [sb for sb in idle if not self._idle_alive(sb)]
+            for sb in dead:
+                with self._lock:
+                    try:
+                        self._ready.remove(sb)
+                    except ValueError:
+                        continue  # leased meanwhile; its holder will see the error
+                log.warning("sandbox %s died while idle; replacing it", sb.id)
+                self._destroy(sb)
+                self._spawn()
+
+    def _idle_alive(self, sb: Sandbox) -> bool:
+        if self.backend == "local":
+            return sb.is_alive()
+        return sb.id in self._running_ids()
+
+    def _running_ids(self) -> set[str]:
+        import containers
+        ids: set[str] = set()
+        for client in self._clients:
+            try:
+                for c in client.api.containers(filters={"label": f"{containers.RUN_LABEL}={self.run_id}",
+                                                        "status": "running"}):
+                    ids.add(c["Id"][:12])
+            except Exception as e:
+                log.debug("listing containers: %s", e)
+        return ids
+
+    def stats(self) -> dict[str, int]:
+        """Counts of ready, leased and starting sandboxes."""
+        with self._lock:
+            return {"ready": len(self._ready), "leased": len(self._leased), "starting": self._starting,
+                    "size": self.size}
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until all ``size`` sandboxes are warm (useful before timing)."""
+        deadline = time.monotonic() + timeout
+        while len(self._ready) + len(self._leased) < self.size:
+            if time.monotonic() > deadline:
+                raise PoolTimeout(self._timeout_message(timeout))
+            time.sleep(0.05)
+
+    # -- shutdown ----------------------------------------------------------------
+    def close(self) -> None:
+        """Remove every sandbox of this pool, leased ones included."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            boxes = list(self._ready) + list(self._leased)
+            self._ready.clear()
+            self._leased.clear()
+            waiters = list(self._waiters)
+            self._waiters.clear()
+        for w in waiters:  # wake everyone still waiting: they raise PoolClosed
+            w(None)
+        self._workers.shutdown(wait=True, cancel_futures=True)
+        with ThreadPoolExecutor(max_workers=16) as ex:
+            list(ex.map(self._destroy, boxes))
+        if self.backend == "docker":
+            import containers
+            for client in self._clients:
+                containers.reap(client, run_id=self.run_id)
+        _LIVE_POOLS.discard(self)
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.size
+
+
+_handlers_installed = False
+
+
+def _close_all_pools() -> None:
+    for pool in list(_LIVE_POOLS):
+        try:
+            pool.close()
+        except Exception as e:  # never mask the exit
+            log.error("closing pool %s: %s", pool.run_id, e)
+
+
+def _install_exit_handlers() -> None:
+    """Close every live pool at exit and on SIGINT/SIGTERM (then defer to the old handler)."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_close_all_pools)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            _close_all_pools()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        signal.signal(sig, handler)

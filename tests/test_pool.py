@@ -1,0 +1,162 @@
+"""The sandbox pool on a real Docker engine: leasing, replacement, reaping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import containers
+from envs.pool import PoolClosed, PoolTimeout, SandboxPool
+from envs.sandbox import SandboxError
+
+pytestmark = pytest.mark.docker
+REPO = Path(__file__).resolve().parents[1]
+
+
+def project_containers(client, run_id: str | None = None) -> list:
+    label = f"{containers.RUN_LABEL}={run_id}" if run_id else f"{containers.PROJECT_LABEL}=nextstate"
+    return client.containers.list(all=True, filters={"label": label})
+
+
+def test_lease_release_replaces_with_a_fresh_sandbox(terminal_image, docker_client):
+    with SandboxPool(terminal_image, size=2, backend="docker") as pool:
+        pool.wait_ready(120)
+        sb = pool.lease()
+        sb.run("echo secret > /app/leak")
+        first = sb.id
+        pool.release(sb)
+        pool.wait_ready(120)
+        seen = set()
+        for _ in range(2):
+            with pool.leased() as other:
+                seen.add(other.id)
+                assert other.run("cat /app/leak").exit_code != 0  # nothing leaks
+        assert first not in seen
+        labels = project_containers(docker_client, pool.run_id)[0].labels
+        assert labels[containers.PID_LABEL] == str(os.getpid())
+    assert project_containers(docker_client, pool.run_id) == []
+
+
+def test_lease_timeout_and_close_wake_waiters(terminal_image):
+    pool = SandboxPool(terminal_image, size=1, backend="docker")
+    held = pool.lease(timeout=120)
+    with pytest.raises(PoolTimeout, match="no sandbox became free"):
+        pool.lease(timeout=0.2)
+    with ThreadPoolExecutor(1) as ex:
+        waiting = ex.submit(pool.lease)
+        time.sleep(0.2)
+        pool.close()
+        with pytest.raises(PoolClosed):
+            waiting.result(timeout=30)
+    pool.release(held)  # after close: harmless
+
+
+def test_killed_container_is_replaced_and_holder_gets_an_error(terminal_image, docker_client):
+    with SandboxPool(terminal_image, size=2, backend="docker") as pool:
+        pool.wait_ready(120)
+        held = pool.lease()
+        docker_client.containers.get(held.id).kill()
+        with pytest.raises(SandboxError):
+            held.run("echo hi", timeout=5)
+        pool.release(held)
+        # an idle one killed from outside is noticed by the monitor and replaced
+        idle = pool._ready[0]
+        docker_client.containers.get(idle.id).kill()
+        deadline = time.monotonic() + 60
+        while idle in pool._ready and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert idle not in pool._ready
+        for _ in range(2):
+            with pool.leased(timeout=120) as sb:
+                assert sb.run("echo ok").stdout == "ok\n"
+
+
+def test_32_concurrent_leases_from_threads(terminal_image):
+    with SandboxPool(terminal_image, size=8, backend="docker") as pool:
+        def episode(i: int) -> str:
+            with pool.leased(timeout=300) as sb:
+                return sb.run(f"echo {i}").stdout.strip()
+        with ThreadPoolExecutor(32) as ex:
+            assert sorted(ex.map(episode, range(32)), key=int) == [str(i) for i in range(32)]
+
+
+async def test_32_concurrent_leases_from_asyncio(terminal_image):
+    with SandboxPool(terminal_image, size=8, backend="docker") as pool:
+        async def episode(i: int) -> str:
+            async with pool.aleased(timeout=300) as sb:
+                r = await asyncio.to_thread(sb.run, f"echo {i}")
+                return r.stdout.strip()
+        got = await asyncio.gather(*(episode(i) for i in range(32)))
+        assert got == [str(i) for i in range(32)]
+        # a cancelled waiter does not lose a sandbox
+        held = [await pool.alease() for _ in range(8)]
+        waiter = asyncio.create_task(pool.alease())
+        await asyncio.sleep(0.1)
+        waiter.cancel()
+        for sb in held:
+            pool.release(sb)
+        pool.wait_ready(120)
+        assert pool.stats()["ready"] == 8
+
+
+def test_sigkilled_owner_leaves_nothing_after_reap(terminal_image, docker_client):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from envs.pool import SandboxPool
+        pool = SandboxPool({terminal_image!r}, size=2, backend="docker", run_id="sigkill-test")
+        pool.wait_ready(120)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert len(project_containers(docker_client, "sigkill-test")) == 2
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    removed = containers.reap(docker_client)
+    assert removed >= 2
+    assert project_containers(docker_client, "sigkill-test") == []
+
+
+def test_sigterm_closes_the_pool(terminal_image, docker_client):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from envs.pool import SandboxPool
+        pool = SandboxPool({terminal_image!r}, size=2, backend="docker", run_id="sigterm-test")
+        pool.wait_ready(120)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    assert project_containers(docker_client, "sigterm-test") == []
+
+
+def test_pool_spans_several_engine_urls(terminal_image):
+    sock = "unix:///var/run/docker.sock"
+    with SandboxPool(terminal_image, size=2, backend="docker", hosts=[sock, sock]) as pool:
+        pool.wait_ready(120)
+        assert len(pool._clients) == 2
+        assert sorted(pool._per_client.values()) == [1, 1]  # spread over both
+
+
+def test_local_backend_pool_warns_and_works():
+    with pytest.warns(RuntimeWarning, match="isolate far less"):
+        pool = SandboxPool(size=1, backend="local")
+    with pool, pool.leased(timeout=30) as sb:
+        assert sb.run("echo hi").stdout == "hi\n"

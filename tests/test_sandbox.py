@@ -1,0 +1,131 @@
+"""The sandbox contract, on real Docker containers and on the local backend."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import containers
+from envs.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
+
+
+@pytest.fixture
+def docker_box(docker_client, terminal_image):
+    sb = DockerSandbox(SandboxSpec(image=terminal_image, pids_limit=128), docker_client,
+                       containers.owner_labels("pytest-sandbox"))
+    yield sb
+    sb.close()
+
+
+@pytest.fixture
+def local_box():
+    sb = LocalSandbox(SandboxSpec())
+    yield sb
+    sb.close()
+
+
+def _contract(sb) -> None:
+    """What every backend must do, whatever isolates it."""
+    r = sb.run("cd /tmp && export GREETING=hello && echo out && echo err >&2 && false")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("out\n", "err\n", 1, False)
+    r = sb.run('pwd; echo "$GREETING"; f() { echo fn; }')
+    assert r.stdout == "/tmp\nhello\n"
+    assert sb.run("f").stdout == "fn\n"  # shell functions persist too
+    # a heredoc left open or a quote left unbalanced cannot wedge the shell
+    assert sb.run("echo 'unbalanced").exit_code != 0
+    assert sb.run("echo fine").stdout == "fine\n"
+    # invalid UTF-8 is decoded safely
+    assert "\ufffd" in sb.run(r"printf '\xff\xfe'").stdout
+    sb.write_file("sub/dir/data.bin", bytes(range(256)))
+    assert sb.read_file("sub/dir/data.bin") == bytes(range(256))
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("no/such/file")
+
+
+@pytest.mark.docker
+def test_docker_contract(docker_box):
+    _contract(docker_box)
+    assert docker_box.run("id -u").stdout.strip() == "1000"
+
+
+def test_local_contract(local_box):
+    _contract(local_box)
+
+
+@pytest.mark.docker
+def test_timeout_kills_the_command_and_keeps_the_shell(docker_box):
+    docker_box.run("cd /tmp && export KEEP=1")
+    r = docker_box.run("sleep 60; sleep 60; sleep 60", timeout=1)
+    assert r.timed_out and r.exit_code != 0 and "timed out" in r.stderr
+    assert r.elapsed < 10 and not r.shell_restarted
+    r = docker_box.run('pwd; echo "$KEEP"')
+    assert r.stdout == "/tmp\n1\n" and not r.shell_restarted
+    # a builtin busy loop cannot be killed without the shell: it is restarted
+    r = docker_box.run("while :; do :; done", timeout=1)
+    assert r.timed_out and r.shell_restarted
+    assert docker_box.run("echo back").stdout == "back\n"
+
+
+@pytest.mark.docker
+def test_output_flood_is_capped(docker_box):
+    r = docker_box.run("yes", timeout=2)
+    assert r.timed_out and r.truncated
+    assert len(r.stdout) < docker_box.spec.output_limit + 200
+    assert "output truncated" in r.stdout
+    r = docker_box.run("head -c 1000000 /dev/zero | tr '\\0' x")
+    assert r.truncated and not r.timed_out and r.exit_code == 0
+
+
+@pytest.mark.docker
+def test_fork_bomb_is_contained(docker_box):
+    start = time.monotonic()
+    docker_box.run(":(){ :|:& };:", timeout=5)
+    r = docker_box.run("echo survived", timeout=20)
+    assert "survived" in r.stdout
+    assert time.monotonic() - start < 30
+    pids = docker_box.container.attrs["HostConfig"]["PidsLimit"]
+    assert pids == 128
+
+
+@pytest.mark.docker
+def test_no_network_no_privileges_no_host_writes(docker_box, tmp_path):
+    r = docker_box.run("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), 2)\"")
+    assert r.exit_code != 0
+    assert docker_box.run("ip -o link | grep -v ' lo:' | wc -l").stdout.strip() == "0"
+    assert docker_box.run("touch /etc/owned").exit_code != 0
+    assert docker_box.run("grep CapEff /proc/self/status").stdout.split()[1] == "0000000000000000"
+    assert docker_box.run("test -S /var/run/docker.sock").exit_code != 0
+    marker = tmp_path / "escape"
+    docker_box.run(f"mkdir -p {tmp_path} && echo x > {marker}")
+    assert not marker.exists()
+    assert docker_box.run("hostname").stdout.strip() != socket.gethostname()
+
+
+@pytest.mark.docker
+def test_copy_in_and_out(docker_box, tmp_path):
+    src = tmp_path / "src"
+    (src / "nested").mkdir(parents=True)
+    (src / "a.txt").write_text("alpha")
+    (src / "nested" / "b.txt").write_text("beta")
+    docker_box.copy_in(src, "/app/project")
+    assert docker_box.run("cat /app/project/nested/b.txt").stdout == "beta"
+    docker_box.run("echo gamma > /app/project/c.txt")
+    docker_box.copy_out("/app/project", tmp_path / "back")
+    assert (tmp_path / "back" / "c.txt").read_text() == "gamma\n"
+    assert (tmp_path / "back" / "nested" / "b.txt").read_text() == "beta"
+
+
+@pytest.mark.docker
+def test_killed_container_raises_a_clear_error(docker_box, docker_client):
+    docker_client.containers.get(docker_box.container.id).kill()
+    with pytest.raises(SandboxError, match="stopped answering"):
+        docker_box.run("echo hi", timeout=5)
+    assert not docker_box.is_alive()
+
+
+def test_local_timeout_and_restart(local_box):
+    r = local_box.run("sleep 30", timeout=0.5)
+    assert r.timed_out and not r.shell_restarted
+    assert local_box.run("echo ok").stdout == "ok\n"
