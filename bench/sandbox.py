@@ -1,0 +1,169 @@
+"""Sandbox and pool costs, measured side by side in one run.
+
+``python -m bench.sandbox --json`` prints one JSON object:
+
+- ``step_ms_p50/p99``: ``true`` through a sandbox's persistent shell;
+- ``docker_exec_ms_p50``: the same by plain ``docker exec`` (the CLI), and
+  ``docker_exec_api_ms_p50`` through the engine API without the CLI;
+- ``lease_ms_p50``: leasing from a warm pool; ``cold_start_ms_p50``: a plain
+  ``docker run`` of the same image until the command has run;
+- ``parallel`` sandboxes alive at once, all stepping together:
+  ``parallel_steps_per_s``, ``parallel_step_ms_p99``;
+- ``idle_rss_mb_per_sandbox``: resident memory of an idle sandbox's processes
+  on the host (its container's processes and its containerd shim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import docker
+
+import containers
+from envs.pool import SandboxPool
+from envs.sandbox import DockerSandbox, SandboxSpec
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def ms(seconds: list[float], q: float) -> float:
+    return round(pct(seconds, q) * 1000, 4)
+
+
+def timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        out.append(cur)
+        todo.extend(children.get(cur, []))
+    return out
+
+
+def sandbox_rss_mb(sb: DockerSandbox) -> float:
+    """Host RSS of a container's processes plus its shim (shared pages counted in each)."""
+    sb.container.reload()
+    init = sb.container.attrs["State"]["Pid"]
+    shim = int(Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return sum(rss_kb(p) for p in descendants(init)) / 1024 + rss_kb(shim) / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
+    ap.add_argument("--parallel", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=300, help="sequential steps timed")
+    ap.add_argument("--parallel-rounds", type=int, default=20)
+    ap.add_argument("--image", default="nextstate/terminal:latest")
+    args = ap.parse_args()
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    client = docker.from_env()
+    image = containers.ensure_image("terminal", client=client) if args.image.startswith("nextstate/terminal") else args.image
+    res: dict[str, float | int] = {}
+
+    say("single sandbox: persistent shell vs docker exec ...")
+    sb = DockerSandbox(SandboxSpec(image=image), client, containers.owner_labels("bench-sandbox"))
+    try:
+        timed(lambda: sb.run("true"), 20)
+        steps = timed(lambda: sb.run("true"), args.steps)
+        cli = timed(lambda: subprocess.run(["docker", "exec", sb.container.id, "true"], check=True), 40)
+        api = timed(lambda: sb.container.exec_run(["true"]), 40)
+    finally:
+        sb.close()
+    res.update(step_ms_p50=ms(steps, .5), step_ms_p99=ms(steps, .99),
+               docker_exec_ms_p50=ms(cli, .5), docker_exec_api_ms_p50=ms(api, .5))
+
+    say("cold starts ...")
+    cold = timed(lambda: client.containers.run(image, ["true"], remove=True, network_mode="none",
+                                               labels=containers.owner_labels("bench-cold")), 10)
+    res["cold_start_ms_p50"] = ms(cold, .5)
+
+    say(f"pool of {args.parallel}: warming up ...")
+    t0 = time.perf_counter()
+    with SandboxPool(image, size=args.parallel, backend="docker", reset="reuse") as pool:
+        pool.wait_ready(1800)
+        res["pool_fill_s"] = round(time.perf_counter() - t0, 1)
+        leases = []
+        for _ in range(3):
+            boxes = []
+            for _ in range(args.parallel):
+                t = time.perf_counter()
+                boxes.append(pool.lease())
+                leases.append(time.perf_counter() - t)
+            for b in boxes:
+                pool.release(b)
+        res["lease_ms_p50"] = ms(leases, .5)
+        boxes = [pool.lease() for _ in range(args.parallel)]
+        res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[:16]), 2)
+        say(f"{args.parallel} sandboxes stepping at once ...")
+        lat: list[float] = []
+        lock = threading.Lock()
+        barrier = threading.Barrier(len(boxes) + 1)
+
+        def worker(b) -> None:
+            mine = []
+            barrier.wait()
+            for _ in range(args.parallel_rounds):
+                t = time.perf_counter()
+                b.run("true")
+                mine.append(time.perf_counter() - t)
+            with lock:
+                lat.extend(mine)
+
+        threads = [threading.Thread(target=worker, args=(b,)) for b in boxes]
+        for th in threads:
+            th.start()
+        barrier.wait()
+        t = time.perf_counter()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t
+        for b in boxes:
+            pool.release(b)
+    res.update(parallel=args.parallel, parallel_steps_per_s=round(len(lat) / wall, 1),
+               parallel_step_ms_p50=ms(lat, .5), parallel_step_ms_p99=ms(lat, .99))
+    res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
+    res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)
+    if not args.json:
+        for k, v in res.items():
+            print(f"{k:28s} {v}")
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
