@@ -195,6 +195,10 @@ class Sandbox(ABC):
         """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself."""
 
     @abstractmethod
+    def _shell_exit_code(self) -> int | None:
+        """The shell's exit status if it ended while the sandbox lives on, else None."""
+
+    @abstractmethod
     def is_alive(self) -> bool: ...
 
     @abstractmethod
@@ -235,6 +239,7 @@ class Sandbox(ABC):
         start = time.monotonic()
         deadline = start + timeout
         timed_out = restarted = False
+        rc_exit: int | None = None
         try:
             self._send(line)
         except OSError as e:
@@ -255,8 +260,14 @@ class Sandbox(ABC):
                 next_kill = time.monotonic() + 0.25
             chunks = self._recv(max(0.001, min(deadline, next_kill) - now, 0) if timed_out
                                 else min(deadline - now, 1.0))
-            if chunks is None:
-                raise self._gone(None)
+            if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
+                code = self._shell_exit_code()
+                if code is None:
+                    raise self._gone(None)
+                self._close_shell()
+                self._start_shell()
+                restarted, rc_exit = True, code
+                break
             for stream, data in chunks:
                 (out if stream == STDOUT else err).feed(data)
         elapsed = time.monotonic() - start
@@ -265,7 +276,10 @@ class Sandbox(ABC):
         if timed_out:
             stderr += f"\n[command timed out after {timeout:g}s and was killed]\n"
             rc = 124 if rc is None or rc == 0 else rc
-        if restarted:
+        if rc_exit is not None:
+            rc = rc_exit
+            stderr += "[the shell exited; a new one was started: cwd and environment were reset]\n"
+        elif restarted:
             stderr += "[the shell did not respond and was restarted: cwd and environment were reset]\n"
         return CommandResult(stdout, stderr, 124 if rc is None else rc, elapsed,
                              timed_out, t1 or t2, restarted)
@@ -375,6 +389,7 @@ class DockerSandbox(Sandbox):
         try:
             ex = api.exec_create(self.container.id, ["bash", "--noprofile", "--norc"], stdin=True,
                                  user=self.spec.user, workdir=self.spec.workdir, environment=self.spec.env)
+            self._exec_id = ex["Id"]
             sock = api.exec_start(ex["Id"], socket=True)
         except Exception as e:  # docker.errors.APIError, connection errors
             raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
@@ -420,6 +435,20 @@ class DockerSandbox(Sandbox):
             self.container.exec_run(["bash", "-c", _KILL_TREE, "kill", str(pid)], user=self.spec.user)
         except Exception as e:
             log.warning("could not kill processes in %s: %s", self.id, e)
+
+    def _shell_exit_code(self) -> int | None:
+        try:
+            for _ in range(20):  # the engine notes the exit a moment after the socket closes
+                info = self.client.api.exec_inspect(self._exec_id)
+                if not info.get("Running"):
+                    break
+                time.sleep(0.05)
+            self.container.reload()
+        except Exception:
+            return None
+        if self.container.status != "running" or info.get("Running"):
+            return None
+        return info.get("ExitCode")
 
     def is_alive(self) -> bool:
         if self.closed or self._sock is None:
@@ -509,6 +538,9 @@ class LocalSandbox(Sandbox):
 
     def _kill_tree(self, pid: int) -> None:
         subprocess.run(["bash", "-c", _KILL_TREE, "kill", str(pid)], check=False)
+
+    def _shell_exit_code(self) -> int | None:
+        return None if self._proc is None else self._proc.wait()
 
     def is_alive(self) -> bool:
         return not self.closed and self._proc is not None and self._proc.poll() is None

@@ -36,6 +36,10 @@ def _contract(sb) -> None:
     # a heredoc left open or a quote left unbalanced cannot wedge the shell
     assert sb.run("echo 'unbalanced").exit_code != 0
     assert sb.run("echo fine").stdout == "fine\n"
+    # `exit` ends the shell, not the sandbox: a new shell takes over
+    r = sb.run("cd / && exit 3")
+    assert (r.exit_code, r.shell_restarted) == (3, True)
+    assert sb.run("echo again").stdout == "again\n"
     # invalid UTF-8 is decoded safely
     assert "\ufffd" in sb.run(r"printf '\xff\xfe'").stdout
     sb.write_file("sub/dir/data.bin", bytes(range(256)))
