@@ -1,0 +1,347 @@
+"""The contract every nextstate environment follows.
+
+An episode is a conversation: ``reset`` shows a task, each ``step`` takes the
+model's text (a tool call), runs it in a sandbox and returns what the tool
+printed. The episode ends when the model calls a finishing tool or after
+``max_steps`` steps; either way the final state is graded once
+(:meth:`NextStateEnv.compute_outcome`) and that outcome is the reward of the
+final step; every other step has reward 0.
+
+A subclass declares ``family``, ``tools`` and ``default_max_steps`` and fills
+in four hooks: :meth:`~NextStateEnv.load_tasks`, :meth:`~NextStateEnv.start_episode`,
+:meth:`~NextStateEnv.call_tool` and :meth:`~NextStateEnv.compute_outcome`.
+Parsing, validation, step counting, truncation, timing, sandbox leasing and
+error handling live here once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import string
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium
+from gymnasium.error import ResetNeeded
+
+from envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
+from envs.pool import PoolTimeout, SandboxPool
+from envs.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError
+
+MAX_OBSERVATION_CHARS = 1 << 22
+INFRA_ERRORS = (SandboxError, PoolTimeout)
+
+
+class AnyText(gymnasium.spaces.Text):
+    """A ``Text`` space for model text: it contains any ``str`` up to ``max_length`` characters.
+
+    gymnasium's ``Text`` only contains strings over its charset, which no
+    charset of model output satisfies; sampling (what ``check_env`` does)
+    still draws printable ASCII.
+    """
+
+    def __init__(self, max_length: int):
+        super().__init__(max_length, min_length=0, charset=string.printable)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+@dataclass
+class Task:
+    """One problem: an id, what the model is told, and whatever the env needs to grade it."""
+
+    id: str
+    instruction: str
+    data: dict[str, Any] = field(default_factory=dict)
+    category: str = ""
+
+
+@dataclass
+class ToolResult:
+    """What one tool call did. ``done`` ends the episode; ``extra`` goes into ``info["next_state"]``."""
+
+    output: str
+    exit_code: int | None = None
+    done: bool = False
+    timed_out: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """The grade of a final state: ``reward`` in [-1, 1] and the details behind it."""
+
+    reward: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a task index: JSON lines (``.jsonl``) or a parquet file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+    if path.suffix != ".jsonl":
+        raise ValueError(f"{path}: task files must be .jsonl or .parquet")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+class NextStateEnv(gymnasium.Env):
+    """Base of all nextstate environments: text actions, tools in a leased sandbox.
+
+    Args:
+        tasks: where the tasks come from (see :meth:`load_tasks`); ``None`` is
+            the family's built-in set.
+        pool: a shared :class:`SandboxPool` to lease from; without one (or for
+            a task whose sandbox differs from the pool's) the env makes its own
+            pools of size 1 and closes them in :meth:`close`.
+        max_steps: steps before truncation (default ``default_max_steps``).
+        step_timeout: default seconds a command may run.
+        lease_timeout: seconds to wait for a free sandbox.
+        render_mode: ``None`` or ``"ansi"`` (render returns the last observation).
+        **pool_kwargs: passed to the pools the env makes itself
+            (``backend="local"``, ``memory="2g"``, ...).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    family: ClassVar[str] = "base"
+    tools: ClassVar[list[dict[str, Any]]] = []
+    default_max_steps: ClassVar[int] = 10
+    image: ClassVar[str] = DEFAULT_IMAGE
+    lease_at_reset: ClassVar[bool] = True   # False: lease on first use of ``self.sandbox``
+    max_private_pools: ClassVar[int] = 4
+
+    def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
+                 max_steps: int | None = None, step_timeout: float = 30.0,
+                 lease_timeout: float | None = 600.0, render_mode: str | None = None,
+                 **pool_kwargs: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, "
+                             f"got {render_mode!r}")
+        self.render_mode = render_mode
+        self.observation_space = AnyText(MAX_OBSERVATION_CHARS)
+        self.action_space = AnyText(MAX_ACTION_BYTES)
+        self.tasks = self.load_tasks(tasks)
+        if not self.tasks:
+            raise ValueError(f"{type(self).__name__}: no tasks found in {tasks!r}")
+        self._by_id: dict[str, Task] = {}
+        for t in self.tasks:
+            if t.id in self._by_id:
+                raise ValueError(f"duplicate task id {t.id!r}")
+            self._by_id[t.id] = t
+        self.pool = pool
+        self.pool_kwargs = pool_kwargs
+        self.max_steps = max_steps or self.default_max_steps
+        self.step_timeout = step_timeout
+        self.lease_timeout = lease_timeout
+        self.task: Task | None = None
+        self.steps = 0
+        self._ended = True
+        self._sandbox: Sandbox | None = None
+        self._sandbox_pool: SandboxPool | None = None
+        self._private: OrderedDict[str, SandboxPool] = OrderedDict()
+        self._last_obs: Any = None
+
+    # -- hooks for subclasses ------------------------------------------------------------
+    def load_tasks(self, source: Any) -> list[Task]:
+        """Tasks from ``source``. The base takes a :class:`Task` or a list of them; subclasses add files."""
+        if isinstance(source, Task):
+            return [source]
+        if isinstance(source, (list, tuple)) and all(isinstance(t, Task) for t in source):
+            return list(source)
+        raise TypeError(f"{type(self).__name__} cannot load tasks from {source!r}")
+
+    def sandbox_overrides(self, task: Task) -> dict[str, Any]:
+        """:class:`~envs.sandbox.SandboxSpec` fields this task needs (``image``, ``network``...).
+
+        Empty (the default) means any sandbox of the shared pool will do.
+        """
+        return {}
+
+    def start_episode(self, task: Task) -> Any:
+        """Set the task up (``self.sandbox`` is leased); returns what to show after the instruction."""
+        return None
+
+    def call_tool(self, call: ToolCall) -> ToolResult:
+        """Run one validated tool call."""
+        raise NotImplementedError
+
+    def compute_outcome(self) -> Outcome:
+        """Grade the final state (after a finishing tool, or at truncation)."""
+        raise NotImplementedError
+
+    def parse(self, action: Any) -> ToolCall:
+        """The tool call in ``action``; raises :class:`~envs.actions.ActionError`."""
+        return parse_action(action, self.tools)
+
+    def first_observation(self, task: Task, extras: Any) -> Any:
+        """The observation :meth:`reset` returns: the instruction, then ``extras``."""
+        return task.instruction if extras is None else f"{task.instruction}\n\n{extras}"
+
+    def observe(self, result: ToolResult) -> Any:
+        """The observation :meth:`step` returns for a tool result."""
+        return result.output
+
+    # -- helpers for tools -----------------------------------------------------------------
+    @property
+    def sandbox(self) -> Sandbox:
+        """The episode's sandbox, leased on first use (at reset when ``lease_at_reset``)."""
+        if self._sandbox is None:
+            if self.task is None or self._ended:
+                raise ResetNeeded("no episode is running: call reset() first")
+            pool = self._pool_for(self.task)
+            self._sandbox = pool.lease(timeout=self.lease_timeout)
+            self._sandbox_pool = pool
+        return self._sandbox
+
+    def command_timeout_cap(self) -> float:
+        """The most seconds one command may ask for (default ``step_timeout``)."""
+        return self.step_timeout
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        """Run ``command`` in the sandbox for ``timeout`` s (default ``step_timeout``, capped)."""
+        limit = self.step_timeout if timeout is None or timeout <= 0 else timeout
+        return self.sandbox.run(command, timeout=min(limit, self.command_timeout_cap()))
+
+    @staticmethod
+    def command_result(r: CommandResult) -> ToolResult:
+        """A command's output with its exit code, as the model sees it."""
+        text = r.output.rstrip("\n")
+        text += ("\n" if text else "") + f"[exit code {r.exit_code}]"
+        return ToolResult(text, r.exit_code, timed_out=r.timed_out,
+                          extra={"truncated": r.truncated, "shell_restarted": r.shell_restarted})
+
+    # -- gymnasium API -------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        """Start an episode on ``options["task"]`` (a Task or an id), else on a task drawn with ``seed``."""
+        super().reset(seed=seed)
+        self._end_episode()
+        task = self._pick_task((options or {}).get("task"))
+        for attempt in (1, 2):  # a sandbox that dies while starting gets one replacement
+            self.task, self.steps, self._ended = task, 0, False
+            try:
+                if self.lease_at_reset:
+                    self.sandbox  # noqa: B018 -- lease now
+                extras = self.start_episode(task)
+                break
+            except SandboxError:
+                self._end_episode()
+                if attempt == 2:
+                    raise
+            except BaseException:
+                self._end_episode()
+                raise
+        obs = self.first_observation(task, extras)
+        self._last_obs = obs
+        return obs, {"task_id": task.id, "instruction": task.instruction, "family": self.family,
+                     "tools": copy.deepcopy(self.tools), "max_steps": self.max_steps}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Parse and run one action; grade the final state when the episode ends."""
+        if self.task is None or self._ended:
+            raise ResetNeeded("the episode has ended (or never started): call reset() before step()")
+        info: dict[str, Any] = {"step": self.steps, "task_id": self.task.id}
+        self.steps += 1
+        core: dict[str, Any] = {"action": None, "valid": False, "error": None, "output": "",
+                                "exit_code": None, "elapsed": 0.0, "timed_out": False}
+        extra: dict[str, Any] = {}
+        start = time.monotonic()
+        try:
+            call = self.parse(action)
+            core.update(action=call.to_dict(), valid=True)
+            result = self.call_tool(call)
+        except ActionError as e:
+            core.update(valid=False, error=str(e))
+            result = ToolResult(f"Invalid action: {e}")
+        except INFRA_ERRORS as e:
+            return self._abort(core, info, e)
+        else:
+            core.update(exit_code=result.exit_code, timed_out=result.timed_out,
+                        elapsed=round(time.monotonic() - start, 3))
+            extra = result.extra
+        core["output"] = result.output
+        info["next_state"] = {**extra, **core}
+        terminated = bool(result.done)
+        truncated = not terminated and self.steps >= self.max_steps
+        reward = 0.0
+        if terminated or truncated:
+            try:
+                outcome = self.compute_outcome()
+            except INFRA_ERRORS as e:
+                return self._abort(core, info, e)
+            reward = float(outcome.reward)
+            info["outcome"] = {"reward": reward, **outcome.details}
+            self._end_episode()
+        obs = self.observe(result)
+        self._last_obs = obs
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> Any:
+        """The last observation (``render_mode="ansi"``)."""
+        return self._last_obs if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        """Give the sandbox back and close the pools this env made. Safe to call twice."""
+        self._end_episode()
+        for pool in self._private.values():
+            pool.close()
+        self._private.clear()
+        super().close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _pick_task(self, choice: Task | str | None) -> Task:
+        if choice is None:
+            return self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        if isinstance(choice, Task):
+            return choice
+        if choice in self._by_id:
+            return self._by_id[choice]
+        known = ", ".join(list(self._by_id)[:10])
+        raise KeyError(f"unknown task {choice!r} ({len(self._by_id)} tasks, e.g. {known})")
+
+    def _pool_for(self, task: Task) -> SandboxPool:
+        """The shared pool when its sandboxes fit the task, else a private pool for the task's spec."""
+        overrides = self.sandbox_overrides(task)
+        if self.pool is not None and all(getattr(self.pool.spec, k) == v for k, v in overrides.items()):
+            return self.pool
+        key = json.dumps(overrides, sort_keys=True)
+        pool = self._private.pop(key, None)
+        if pool is None:
+            kw = {"image": self.image, **self.pool_kwargs, **overrides}
+            pool = SandboxPool(kw.pop("image"), size=1, **kw)
+        self._private[key] = pool  # most recently used last
+        while len(self._private) > self.max_private_pools:
+            self._private.popitem(last=False)[1].close()
+        return pool
+
+    def _abort(self, core: dict[str, Any], info: dict[str, Any],
+               error: BaseException) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        reason = f"{type(error).__name__}: {error}"
+        result = ToolResult(f"The environment failed and the episode was aborted ({reason}).")
+        core.update(error=reason, output=result.output)
+        info["next_state"] = core
+        info["aborted"] = reason
+        self._end_episode()
+        obs = self.observe(result)
+        self._last_obs = obs
+        return obs, 0.0, False, True, info
+
+    def _end_episode(self) -> None:
+        self._ended = True
+        if self._sandbox is not None and self._sandbox_pool is not None:
+            self._sandbox_pool.release(self._sandbox)
+        self._sandbox = self._sandbox_pool = None
