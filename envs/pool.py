@@ -138,22 +138,19 @@ class SandboxPool:
             self._clients.append(client)
 
     def _ensure_image(self, client: Any, build_missing: bool) -> None:
+        """Project images are (re)built when missing or stale; others must exist."""
         import docker
         import containers
-        try:
-            client.images.get(self.spec.image)
-            return
-        except docker.errors.ImageNotFound:
-            pass
         name = self.spec.image.split("/")[-1].split(":")[0]
         known = (Path(containers.__file__).parent / name / "Dockerfile").exists()
-        if build_missing and self.spec.image.startswith("nextstate/") and known:
-            log.warning("image %s is missing: building it now (python -m containers build %s)",
-                        self.spec.image, name)
-            containers.ensure_image(name, client=client)
+        if build_missing and self.spec.image == f"nextstate/{name}:latest" and known:
+            containers.ensure_image(name, client=client)  # a hash check when current
             return
-        raise SandboxError(f"image {self.spec.image} not found; build it with "
-                           f"`python -m containers build` or `docker build`")
+        try:
+            client.images.get(self.spec.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {self.spec.image} not found; build it with "
+                               f"`python -m containers build` or `docker build`") from None
 
     # -- making and dropping sandboxes -------------------------------------------
     def _new_sandbox(self) -> Sandbox:

@@ -1,0 +1,9 @@
+"""inikit: a small INI reader with typed access, and CSV line splitting."""
+
+from inikit.config import Config
+from inikit.csvline import join_line, split_line
+from inikit.errors import ParseError
+from inikit.ini import DEFAULT, parse_ini
+
+__all__ = ["DEFAULT", "Config", "ParseError", "join_line", "parse_ini", "split_line"]
+__version__ = "0.3.0"

@@ -1,0 +1,246 @@
+"""SWE tasks: resolve a repository's issue with a shell and a file editor, graded like SWE-bench.
+
+Each episode gets the instance's repository at its base commit in
+``/testbed`` (see :mod:`envs.swe_instances`). The tools are ``bash`` (a
+persistent shell), ``str_replace_editor`` (:mod:`envs.swe_editor`, run inside
+the sandbox) and ``submit``. At submit or truncation the episode's patch is
+``git diff`` of ``/testbed`` (untracked files included) against the base
+commit, and :func:`envs.swe_grading.grade` grades it in a fresh container:
++1 when resolved, -1 otherwise (an empty patch is not graded). The per-test
+report goes into ``info["outcome"]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from envs.actions import ToolCall, tool_schema
+from envs.base import NextStateEnv, Outcome, Task, ToolResult
+from envs.sandbox import SandboxError
+from envs.swe_grading import Grade, grade, summary
+from envs.swe_instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
+                                harness_image, is_offline, load_instances, sandbox_user)
+from envs.validate import register_validator
+
+EDITOR_SOURCE = Path(__file__).with_name("swe_editor.py").read_text()
+EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
+DIFF_FILE = "/tmp/nextstate-model.patch"
+MAX_PATCH_BYTES = 5 << 20
+SUBMIT = {"name": "submit", "arguments": {}}
+
+INSTRUCTION = """\
+The repository {repo} is checked out at {testbed} (commit {commit}). Resolve the issue below \
+by changing the repository's source files. Hidden tests will check your change; do not \
+modify the existing tests.
+
+<issue>
+{issue}
+</issue>
+{hints}
+Use `bash` to explore and run code (a persistent shell that starts in {testbed}) and \
+`str_replace_editor` to view and edit files. Call `submit` when you are done: the diff of \
+{testbed} against the base commit is what gets graded."""
+
+
+def instance_task(instance: dict[str, Any], show_hints: bool = False) -> Task:
+    """The task for one SWE-bench instance (``data`` holds the whole instance)."""
+    hints = instance.get("hints_text") or ""
+    hint_block = f"\n<hints>\n{hints.strip()}\n</hints>\n" if show_hints and hints.strip() else ""
+    text = INSTRUCTION.format(repo=instance["repo"], testbed=TESTBED, commit=instance["base_commit"][:12],
+                              issue=instance["problem_statement"].strip(), hints=hint_block)
+    return Task(instance["instance_id"], text, dict(instance), category=instance["repo"])
+
+
+def cap(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its start and its end."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters omitted ...]\n{text[-half:]}"
+
+
+class SWEEnv(NextStateEnv):
+    """A repository at its base commit; the diff at ``submit`` (or truncation) is graded by its tests.
+
+    Args (besides :class:`~envs.base.NextStateEnv`'s):
+        grade_timeout: seconds the instance's test run may take.
+        grader_memory: memory limit of the grading container.
+        max_output_chars: observations are cut to this many characters.
+        show_hints: include the instance's ``hints_text`` in the instruction.
+    """
+
+    family = "swe"
+    default_max_steps = 20
+    image = OFFLINE_IMAGE
+    tools = [
+        tool_schema("bash", "Run a command in a persistent bash shell (working directory and variables "
+                    "persist; it starts in /testbed). Returns its output and exit code.",
+                    {"command": ("string", "The command line to run."),
+                     "timeout": ("number", "Seconds before the command is killed (optional).")},
+                    required=["command"]),
+        tool_schema("str_replace_editor", "View, create and edit files. `view` shows a file with line "
+                    "numbers (or a directory two levels deep); `create` writes a file; `str_replace` "
+                    "replaces `old_str`, which must occur exactly once, with `new_str`; `insert` puts "
+                    "`new_str` after line `insert_line`; `undo_edit` reverts the last edit of the file.",
+                    {"command": {"type": "string", "enum": EDITOR_COMMANDS, "description": "What to do."},
+                     "path": ("string", "File or directory, absolute or relative to /testbed."),
+                     "file_text": ("string", "The content of the file (create)."),
+                     "old_str": ("string", "The exact text to replace, whitespace included (str_replace)."),
+                     "new_str": ("string", "The replacement (str_replace) or the text to insert (insert)."),
+                     "insert_line": ("integer", "Insert after this line; 0 inserts at the top (insert)."),
+                     "view_range": {"type": "array", "items": {"type": "integer"},
+                                    "description": "[first, last] lines to show; last -1 means the end (view)."}},
+                    required=["command", "path"]),
+        tool_schema("submit", "Submit your change and end the episode; the diff of /testbed against "
+                    "the base commit is graded by the hidden tests."),
+    ]
+
+    def __init__(self, tasks: Any = None, *, grade_timeout: float = 1800.0, grader_memory: str = "2g",
+                 max_output_chars: int = 16000, show_hints: bool = False, **kwargs: Any):
+        self.show_hints = show_hints
+        kwargs.setdefault("backend", "docker")
+        super().__init__(tasks, **kwargs)
+        self.grade_timeout = grade_timeout
+        self.grader_memory = grader_memory
+        self.max_output_chars = max_output_chars
+        self.submitted = False
+        self._run_id = uuid.uuid4().hex[:12]
+        self._client: Any = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def load_tasks(self, source: Any) -> list[Task]:
+        if isinstance(source, Task) or (isinstance(source, (list, tuple)) and source
+                                        and all(isinstance(t, Task) for t in source)):
+            return super().load_tasks(source)
+        return [instance_task(row, self.show_hints) for row in load_instances(source)]
+
+    def sandbox_overrides(self, task: Task) -> dict[str, Any]:
+        instance = task.data
+        image = harness_image(instance)
+        ensure_image(image)
+        overrides = {"image": image, "user": sandbox_user(instance)}
+        if not is_offline(instance):
+            overrides["workdir"] = TESTBED
+        return overrides
+
+    def start_episode(self, task: Task) -> Any:
+        if self.sandbox.backend != "docker":
+            raise InstanceError("SWE tasks need Docker sandboxes (their repositories live in images)")
+        self.submitted = False
+        ready = self.sandbox.run(checkout_command(task.data), timeout=300)
+        if not ready.ok:
+            raise SandboxError(f"could not check out {task.data['repo']} at "
+                               f"{task.data['base_commit'][:12]}: {ready.output[-500:]}")
+        return None
+
+    def call_tool(self, call: ToolCall) -> ToolResult:
+        args = call.arguments
+        if call.name == "submit":
+            self.submitted = True
+            return ToolResult("Submitted: your change will now be graded.", 0, done=True,
+                              extra={"command": "submit"})
+        if call.name == "bash":
+            command, label = args["command"], args["command"]
+            result = self.command_result(self.run(command, args.get("timeout")))
+        else:
+            payload = base64.b64encode(json.dumps({**args, "root": TESTBED}).encode()).decode()
+            source = base64.b64encode(EDITOR_SOURCE.encode()).decode()
+            command = (f'printf %s {payload} | base64 -d | '
+                       f'python3 -I -S -c "$(printf %s {source} | base64 -d)"')
+            label = f"str_replace_editor {args['command']} {args['path']}"
+            result = self.command_result(self.sandbox.run(command, timeout=60))
+        result.output = cap(result.output, self.max_output_chars)
+        result.extra["command"] = label
+        return result
+
+    def compute_outcome(self) -> Outcome:
+        assert self.task is not None
+        instance = self.task.data
+        patch, problem = self.model_patch()
+        details: dict[str, Any] = {"instance_id": instance["instance_id"], "submitted": self.submitted,
+                                   "model_patch": patch}
+        if problem or not patch.strip():
+            return Outcome(-1.0, {**details, "resolved": False, "reason": problem or "empty patch"})
+        result = self.grade_patch(instance, patch)
+        return Outcome(1.0 if result.resolved else -1.0, {**details, **result.to_dict()})
+
+    def grade_patch(self, instance: dict[str, Any], patch: str) -> Grade:
+        """Grades ``patch`` (``""``: the base commit as it is) for ``instance`` in a fresh container."""
+        if self._client is None:
+            import containers
+            self._client = containers.connect()
+        run_id = self.pool.run_id if self.pool is not None else self._run_id
+        return grade(instance, patch, client=self._client, run_id=run_id, timeout=self.grade_timeout,
+                     memory=self.grader_memory)
+
+    # -- the episode's patch ------------------------------------------------------------------------
+    def model_patch(self) -> tuple[str, str | None]:
+        """``git diff`` of /testbed against the base commit, new files included; or why there is none."""
+        assert self.task is not None
+        base = self.task.data["base_commit"]
+        ran = self.sandbox.run(f"cd {TESTBED} && git add -A && "
+                               f"git -c core.quotepath=off diff --text --cached {base} > {DIFF_FILE}",
+                               timeout=120)
+        if not ran.ok:
+            return "", f"could not compute the diff of {TESTBED}: {ran.output[-300:]}"
+        raw = self.sandbox.read_file(DIFF_FILE)
+        if len(raw) > MAX_PATCH_BYTES:
+            return "", f"the patch is {len(raw)} bytes, more than the limit of {MAX_PATCH_BYTES}"
+        return raw.decode("utf-8", errors="replace"), None
+
+    def oracle_actions(self, task: Task, kind: str) -> list[dict[str, Any]]:
+        """Scripted actions: ``"gold"`` applies the instance's own patch and submits, ``"noop"`` submits."""
+        if kind == "noop":
+            return [SUBMIT]
+        if kind != "gold":
+            raise ValueError(f"unknown oracle {kind!r}: use gold or noop")
+        patch = task.data["patch"]
+        patch += "" if patch.endswith("\n") else "\n"
+        apply = f"cd {TESTBED} && git apply --verbose - <<'NEXTSTATE_GOLD_PATCH'\n{patch}NEXTSTATE_GOLD_PATCH"
+        return [{"name": "bash", "arguments": {"command": apply}}, SUBMIT]
+
+    def close(self) -> None:
+        super().close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _play(env: NextStateEnv, actions: list[Any]) -> tuple[float, dict[str, Any]]:
+    """Steps ``actions`` until the episode ends; its reward and last info."""
+    for action in actions:
+        _, reward, terminated, truncated, info = env.step(action)
+        if "aborted" in info:
+            raise RuntimeError(f"episode aborted: {info['aborted']}")
+        if terminated or truncated:
+            return reward, info
+    raise RuntimeError("the actions did not end the episode")
+
+
+@register_validator("swe", SWEEnv)
+def check_swe(env: NextStateEnv, task: Task) -> str | None:
+    """The gold patch must resolve, an empty one must not, and at the base commit (with the
+    test patch) every FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass."""
+    assert isinstance(env, SWEEnv)
+    for kind in ("gold", "noop"):
+        env.reset(options={"task": task})
+        reward, info = _play(env, env.oracle_actions(task, kind))
+        if kind == "gold" and reward < 1:
+            return f"the gold patch is not resolved: {info['outcome'].get('reason')}"
+        if kind == "noop" and reward >= 1:
+            return "submitting no change resolves the instance"
+    base = env.grade_patch(task.data, "")
+    status = base.tests_status
+    if not status:
+        return f"the tests do not run at the base commit: {summary(base)}"
+    passing = sorted(status["FAIL_TO_PASS"]["success"])
+    if passing:
+        return f"FAIL_TO_PASS tests already pass at the base commit: {', '.join(passing)}"
+    failing = sorted(status["PASS_TO_PASS"]["failure"])
+    if failing:
+        return f"PASS_TO_PASS tests fail at the base commit: {', '.join(failing)}"
+    return None

@@ -1,0 +1,154 @@
+"""SWE episodes and grading on the offline instances, in real Docker containers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import containers
+from envs.pool import SandboxPool
+from envs.swe import SWEEnv, check_swe
+from envs.swe_grading import grade
+from envs.swe_instances import OFFLINE_IMAGE, InstanceError, listed_tests, load_instances
+
+pytestmark = pytest.mark.docker
+INSTANCES = {i["instance_id"]: i for i in load_instances()}
+
+
+def call(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def left_over(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{containers.RUN_LABEL}={run_id}"})
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = containers.connect()
+    containers.ensure_image("swe", client=client)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def pool(client):
+    with SandboxPool(OFFLINE_IMAGE, size=1) as pool:
+        yield pool
+
+
+@pytest.fixture
+def env(pool):
+    env = SWEEnv(pool=pool, grade_timeout=120)
+    yield env
+    env.close()
+
+
+def test_registered_env_passes_gymnasiums_checker(client):
+    env = gymnasium.make("nextstate/SWE-v0")
+    assert isinstance(env.unwrapped, SWEEnv) and env.unwrapped.default_max_steps == 20
+    check_env(env.unwrapped, skip_render_check=True)
+    env.close()
+
+
+def test_a_correct_fix_with_the_editor_is_resolved(env, client, pool):
+    obs, info = env.reset(options={"task": "nextstate__datekit-12"})
+    assert "add_months returns the wrong year" in obs and "/testbed" in obs
+    _, _, _, _, info = env.step(call("bash", command="git rev-parse HEAD && python3 -m pytest -q tests"))
+    state = info["next_state"]
+    assert state["command"].startswith("git rev-parse HEAD") and state["exit_code"] == 0
+    assert INSTANCES["nextstate__datekit-12"]["base_commit"] in state["output"]
+    _, _, _, _, info = env.step(call("str_replace_editor", command="view", path="datekit/calendar.py",
+                                     view_range=[30, 32]))
+    assert "    30\t    total = day.month + months" in info["next_state"]["output"]
+    assert info["next_state"]["command"] == "str_replace_editor view datekit/calendar.py"
+    _, _, _, _, info = env.step(call("str_replace_editor", command="str_replace", path="datekit/calendar.py",
+                                     old_str="year = day.year", new_str="year = day.year"))
+    assert info["next_state"]["exit_code"] == 0
+    _, _, _, _, info = env.step(call("str_replace_editor", command="str_replace", path="datekit/calendar.py",
+                                     old_str="    total = day.month + months\n",
+                                     new_str="    total = day.month - 1 + months\n"))
+    env.step(call("str_replace_editor", command="str_replace", path="/testbed/datekit/calendar.py",
+                  old_str="total % 12 or 12", new_str="total % 12 + 1"))
+    _, reward, terminated, truncated, info = env.step(call("submit"))
+    outcome = info["outcome"]
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert outcome["resolved"] and outcome["submitted"] and outcome["patch_applied"]
+    assert sorted(outcome["tests_status"]["FAIL_TO_PASS"]["success"]) == listed_tests(
+        INSTANCES["nextstate__datekit-12"], "FAIL_TO_PASS")
+    assert outcome["model_patch"].startswith("diff --git a/datekit/calendar.py b/datekit/calendar.py")
+    assert not [c for c in left_over(client, pool.run_id)
+                if c.labels.get(containers.ROLE_LABEL) == "grader"]
+
+
+def test_a_wrong_fix_is_not_resolved_and_truncation_grades_too(pool):
+    env = SWEEnv(pool=pool, grade_timeout=120, max_steps=3)
+    try:
+        env.reset(options={"task": "nextstate__inikit-15"})
+        env.step(call("str_replace_editor", command="str_replace", path="inikit/config.py",
+                      old_str="if value in TRUE_WORDS:", new_str="if value.upper() in TRUE_WORDS:"))
+        env.step(call("str_replace_editor", command="create", path="inikit/words.py",
+                      file_text="YES = 'yes'\n"))
+        _, reward, terminated, truncated, info = env.step(call("bash", command="true"))
+    finally:
+        env.close()
+    outcome = info["outcome"]
+    assert (reward, terminated, truncated) == (-1.0, False, True)
+    assert not outcome["resolved"] and not outcome["submitted"] and outcome["reason"] == "some tests fail"
+    assert outcome["tests_status"]["FAIL_TO_PASS"]["failure"]
+    assert outcome["tests_status"]["PASS_TO_PASS"]["failure"]  # "yes" no longer reads as True
+    assert "new file mode" in outcome["model_patch"] and "inikit/words.py" in outcome["model_patch"]
+
+
+def test_submitting_nothing_is_not_resolved(env):
+    env.reset(options={"task": "nextstate__inikit-8"})
+    _, reward, terminated, _, info = env.step(env.oracle_actions(env.task, "noop")[0])
+    assert terminated and reward == -1.0 and info["outcome"]["reason"] == "empty patch"
+
+
+def test_a_broken_patch_is_reported_as_not_applying(client):
+    instance = INSTANCES["nextstate__datekit-17"]
+    broken = instance["patch"].replace("-            merged[-1] = Interval(merged[-1].start,",
+                                       "-            merged[-1] = Interval(merged[-1].begin,")
+    assert broken != instance["patch"]
+    result = grade(instance, broken, client=client, run_id="test-broken-patch", timeout=60)
+    assert not result.resolved and result.reason == "the patch does not apply"
+    assert not result.patch_applied and "patch --batch" in result.log_tail
+    assert not left_over(client, "test-broken-patch")
+
+
+def test_hung_tests_are_killed_at_the_timeout(client):
+    instance = INSTANCES["nextstate__inikit-14"]
+    hang = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n"
+            "+++ b/conftest.py\n@@ -0,0 +1,2 @@\n+import time\n+time.sleep(600)\n")
+    start = time.monotonic()
+    result = grade(instance, hang, client=client, run_id="test-hung-tests", timeout=5)
+    assert time.monotonic() - start < 60
+    assert not result.resolved and result.test_timed_out and "timed out after 5s" in result.reason
+    assert result.patch_applied
+    assert not left_over(client, "test-hung-tests")
+
+
+def test_a_missing_swebench_image_is_a_clear_error(pool):
+    row = {**INSTANCES["nextstate__datekit-12"], "instance_id": "django__django-1",
+           "image": "swebench/sweb.eval.x86_64.nextstate-missing:latest"}
+    env = SWEEnv([row], pool=pool)
+    try:
+        with pytest.raises(InstanceError, match="not on this Docker engine and cannot be pulled"):
+            env.reset()
+    finally:
+        env.close()
+
+
+def test_validator_accepts_an_instance_and_catches_a_dishonest_one(env):
+    instance = INSTANCES["nextstate__inikit-8"]
+    task = env.tasks[[t.id for t in env.tasks].index(instance["instance_id"])]
+    assert check_swe(env, task) is None
+    p2p = listed_tests(instance, "PASS_TO_PASS")
+    dishonest = {**instance, "FAIL_TO_PASS": json.dumps(listed_tests(instance, "FAIL_TO_PASS") + p2p[:1])}
+    task.data = dishonest
+    assert check_swe(env, task) == f"FAIL_TO_PASS tests already pass at the base commit: {p2p[0]}"

@@ -1,0 +1,279 @@
+"""``python -m train.evaluate``: run a policy (or an oracle) on every task of a family and score it.
+
+    python -m train.evaluate --env swe --tasks builtin --policy gold --output runs/eval-gold
+    python -m train.evaluate --env swe --tasks instances.jsonl --policy http://vllm:8000 --parallel 8 --output runs/eval
+    python -m train.evaluate --env terminal --policy noop --output runs/eval-noop
+
+``--policy`` is a model (``tiny``, a local path or hub name, or an
+OpenAI-compatible URL, run through :mod:`agents.loop`), ``gold`` (the task's
+reference solution, no model) or ``noop`` (finish at once). Oracles come from
+the env's ``oracle_actions(task, kind)`` method when it has one (SWE: apply
+the instance's patch), else from :data:`ORACLES` (terminal: run
+``solution.sh``; toolcall: answer the reference).
+
+Writes to ``--output``: ``results.jsonl`` (one line per task: success, reward,
+status, steps, tokens, time, failure reason), ``report.json`` (success rate,
+mean outcome, per-category breakdown) and, for SWE, ``predictions.jsonl`` in
+SWE-bench's format (``instance_id``, ``model_name_or_path``, ``model_patch``),
+which swebench's harness reads. Prints one summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium
+from gymnasium.envs.registration import load_env_creator
+from tqdm import tqdm
+
+from envs.base import NextStateEnv, Task
+from envs.pool import SandboxPool
+
+Oracle = Callable[[NextStateEnv, Task, str], list[Any]]
+ORACLE_KINDS = ("gold", "noop")
+
+
+def env_class(family: str) -> type[NextStateEnv]:
+    """The env class registered for ``family`` (``nextstate/<Family>-v0``)."""
+    import envs  # noqa: F401 -- registers the ids
+
+    found = {spec.id.split("/")[1].split("-")[0].lower(): spec.entry_point
+             for spec in gymnasium.envs.registry.values() if spec.id.startswith("nextstate/")}
+    if family not in found:
+        raise ValueError(f"unknown env {family!r}; known: {', '.join(sorted(found))}")
+    return load_env_creator(found[family])
+
+
+def _terminal_oracle(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
+    finish = {"name": "finish", "arguments": {}}
+    if kind == "noop":
+        return [finish]
+    solution = task.data.get("solution")
+    if not solution:
+        raise ValueError(f"task {task.id} has no solution.sh")
+    timeout = float(task.data.get("max_agent_timeout_sec") or 600)
+    run = "bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; (exit $rc)"
+    return [{"name": "write_file", "arguments": {"path": "/tmp/solution.sh", "content": solution}},
+            {"name": "bash", "arguments": {"command": run, "timeout": timeout}}, finish]
+
+
+def _toolcall_oracle(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
+    answer = task.data["answer"] if kind == "gold" else "\\boxed{}"
+    return [{"name": "answer", "arguments": {"answer": answer}}]
+
+
+# Oracles of the families whose env has no ``oracle_actions`` method.
+ORACLES: dict[str, Oracle] = {"terminal": _terminal_oracle, "toolcall": _toolcall_oracle}
+
+
+def oracle_actions(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
+    """The scripted actions of oracle ``kind`` (gold or noop) for ``task``; call after reset."""
+    method = getattr(env, "oracle_actions", None)
+    if method is not None:
+        return method(task, kind)
+    if env.family not in ORACLES:
+        raise ValueError(f"no {kind} oracle for the {env.family} env: give {type(env).__name__} an "
+                         "oracle_actions(task, kind) method or add it to train.evaluate.ORACLES")
+    return ORACLES[env.family](env, task, kind)
+
+
+def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error: str | None,
+                 steps: int, tokens: int, seconds: float) -> dict[str, Any]:
+    """One line of results.jsonl."""
+    outcome = dict(outcome or {})
+    reward = outcome.get("reward")
+    reason = error or outcome.get("reason")
+    if reason is None and outcome.get("resolved") is False:
+        reason = "not resolved"
+    return {"task_id": task.id, "category": task.category, "success": reward is not None and reward >= 1,
+            "reward": reward, "status": status, "steps": steps, "tokens": tokens,
+            "time": round(seconds, 3), "reason": reason, "outcome": outcome}
+
+
+def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind: str,
+               parallel: int) -> list[dict[str, Any]]:
+    """Plays oracle ``kind`` on every task, ``parallel`` envs at once (one per thread)."""
+    local, made = threading.local(), []
+
+    def one(task: Task) -> dict[str, Any]:
+        start, steps, info, terminated = time.monotonic(), 0, {}, False
+        try:
+            if not hasattr(local, "env"):
+                local.env = env_factory()
+                made.append(local.env)
+            env = local.env
+            env.reset(options={"task": task})
+            for action in oracle_actions(env, task, kind):
+                _, _, terminated, truncated, info = env.step(action)
+                steps += 1
+                if terminated or truncated:
+                    break
+        except Exception as e:  # a broken task must not stop the others
+            return _outcome_row(task, None, "aborted", f"{type(e).__name__}: {e}", steps, 0,
+                                time.monotonic() - start)
+        if "aborted" in info:
+            status, error = "aborted", str(info["aborted"])
+        elif "outcome" not in info:
+            status, error = "aborted", f"the {kind} actions did not end the episode"
+        else:
+            status, error = ("finished" if terminated else "truncated"), None
+        return _outcome_row(task, info.get("outcome"), status, error, steps, 0, time.monotonic() - start)
+
+    rows = []
+    try:
+        with ThreadPoolExecutor(parallel) as ex, tqdm(total=len(tasks), desc=kind, unit="task") as bar:
+            for fut in as_completed([ex.submit(one, t) for t in tasks]):
+                rows.append(fut.result())
+                bar.update()
+    finally:
+        for env in made:
+            env.close()
+    return rows
+
+
+def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], policy: Any,
+               parallel: int) -> list[dict[str, Any]]:
+    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`agents.loop`."""
+    from agents.loop import collect
+
+    trajectories = asyncio.run(collect(env_factory, policy, tasks, parallel=parallel))
+    by_id = {t.id: t for t in tasks}
+    rows = []
+    for traj in trajectories:
+        seconds = sum(s.timing.get("generate", 0.0) + s.timing.get("env", 0.0) for s in traj.steps)
+        tokens = sum(len(s.response_ids) for s in traj.steps)
+        rows.append(_outcome_row(by_id[traj.task_id], traj.info.get("outcome"), traj.status,
+                                 traj.error, len(traj.steps), tokens, seconds))
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: str,
+              elapsed: float) -> dict[str, Any]:
+    """report.json: success rate, mean outcome, and both per category."""
+    def stats(group: list[dict[str, Any]]) -> dict[str, Any]:
+        rewards = [r["reward"] for r in group if r["reward"] is not None]
+        succeeded = sum(r["success"] for r in group)
+        return {"total": len(group), "succeeded": succeeded,
+                "success_rate": succeeded / len(group) if group else 0.0,
+                "mean_outcome": sum(rewards) / len(rewards) if rewards else None,
+                "aborted": sum(r["status"] == "aborted" for r in group)}
+
+    categories = sorted({r["category"] for r in rows})
+    report = {"env": family, "tasks": tasks, "policy": policy, **stats(rows),
+              "by_category": {c: stats([r for r in rows if r["category"] == c]) for c in categories},
+              "elapsed": round(elapsed, 1)}
+    if family == "swe":
+        report["resolve_rate"] = report["success_rate"]
+        report["resolved_ids"] = sorted(r["task_id"] for r in rows if r["success"])
+        report["unresolved_ids"] = sorted(r["task_id"] for r in rows
+                                          if not r["success"] and r["status"] != "aborted")
+        report["error_ids"] = sorted(r["task_id"] for r in rows if r["status"] == "aborted")
+    return report
+
+
+def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, parallel: int = 4,
+             output: str | Path, max_steps: int | None = None, model: str | None = None,
+             ids: list[str] | None = None, backend: str = "auto",
+             env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs the evaluation and writes its files; returns the report.
+
+    ``policy``: ``"gold"``, ``"noop"``, a :func:`~agents.policy.make_policy` string
+    or a :class:`~agents.policy.Policy`. ``ids`` restricts the run to these task ids.
+    """
+    env_cls = env_class(family)
+    kw = {"backend": backend, **(env_kwargs or {})}
+    probe = env_cls(None if tasks in (None, "builtin") else tasks, **kw)
+    loaded = probe.tasks
+    probe.close()
+    if ids:
+        unknown = sorted(set(ids) - {t.id for t in loaded})
+        if unknown:
+            raise ValueError(f"unknown task ids: {', '.join(unknown)}")
+        loaded = [t for t in loaded if t.id in set(ids)]
+    parallel = max(1, min(parallel, len(loaded)))
+    pool = SandboxPool(env_cls.image, size=parallel, backend=backend) if env_cls.lease_at_reset else None
+    policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+
+    def factory() -> NextStateEnv:
+        return env_cls(loaded, pool=pool, max_steps=max_steps, **kw)
+
+    start = time.monotonic()
+    try:
+        if isinstance(policy, str) and policy in ORACLE_KINDS:
+            rows = run_oracle(factory, loaded, policy, parallel)
+        else:
+            if isinstance(policy, str):
+                from agents.policy import make_policy
+                policy = make_policy(policy, **({"model": model} if model else {}))
+            rows = run_policy(factory, loaded, policy, parallel)
+    finally:
+        if pool is not None:
+            pool.close()
+    order = {t.id: i for i, t in enumerate(loaded)}
+    rows.sort(key=lambda r: order[r["task_id"]])
+    report = summarize(rows, family=family, tasks=str(tasks), policy=policy_name,
+                       elapsed=time.monotonic() - start)
+    write_outputs(Path(output), rows, report, family=family, model_name=policy_name)
+    return report
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], report: dict[str, Any], *, family: str,
+                  model_name: str) -> None:
+    """results.jsonl, report.json and, for SWE, predictions.jsonl."""
+    out.mkdir(parents=True, exist_ok=True)
+    if family == "swe":
+        with open(out / "predictions.jsonl", "w") as f:
+            for r in rows:
+                f.write(json.dumps({"instance_id": r["task_id"], "model_name_or_path": model_name,
+                                    "model_patch": r["outcome"].get("model_patch", "")}) + "\n")
+    with open(out / "results.jsonl", "w") as f:
+        for r in rows:  # the patches are in predictions.jsonl
+            outcome = {k: v for k, v in r["outcome"].items() if k != "model_patch"}
+            resolved = {"resolved": r["success"]} if family == "swe" else {}
+            f.write(json.dumps({**r, **resolved, "outcome": outcome}) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def summary_line(report: dict[str, Any], output: str | Path) -> str:
+    """The line printed at the end of a run."""
+    word = "resolved" if report["env"] == "swe" else "succeeded"
+    mean = report["mean_outcome"]
+    return (f"{report['env']} / {report['policy']}: {report['succeeded']}/{report['total']} {word} "
+            f"({100 * report['success_rate']:.1f}%), mean outcome "
+            f"{'n/a' if mean is None else f'{mean:+.2f}'}, {report['aborted']} aborted -> {output}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--env", required=True, help="terminal, toolcall, swe or gui")
+    p.add_argument("--tasks", default="builtin", help="task file/directory or dataset name (default builtin)")
+    p.add_argument("--policy", required=True, help="gold, noop, tiny, a model path/name or a server URL")
+    p.add_argument("--model", help="model name on the server (with a URL policy)")
+    p.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
+    p.add_argument("--output", required=True, help="directory for the results")
+    p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    p.add_argument("--ids", help="comma-separated task ids to run (default all)")
+    p.add_argument("--backend", default="auto", choices=["auto", "docker", "local"], help="sandbox backend")
+    args = p.parse_args(argv)
+    try:
+        report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
+                          max_steps=args.max_steps, model=args.model, backend=args.backend,
+                          ids=args.ids.split(",") if args.ids else None)
+    except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary_line(report, args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
