@@ -1,0 +1,462 @@
+"""Image builds: `docker build` online, or on a Debian rootfs (mmdebstrap or debootstrap) offline.
+
+An image directory holds a ``Dockerfile`` that starts with ``ARG BASE=...`` /
+``FROM ${BASE}`` and may hold ``packages.txt``, the Debian packages it adds.
+When BASE defaults to ``nextstate/<name>:...`` of another image directory,
+that image is its parent.  Online, each Dockerfile installs its own
+``packages.txt`` with apt-get.  Offline, the packages of the whole parent chain
+go into one rootfs (mmdebstrap, else debootstrap), imported as ``nextstate/rootfs-<name>:<hash>``,
+and the chain's Dockerfiles run on it with ``OFFLINE=1`` (apt-get skipped).
+Images are labelled with a hash of their inputs and not rebuilt while it
+matches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from . import connect
+
+ROOT = Path(__file__).resolve().parent
+REPO = "nextstate"
+SUITE = "bookworm"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+HASH_LABEL = "io.nextstate.image-hash"
+PROBE_IMAGE = ("debian", "bookworm-slim")
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SKIP = {"__pycache__", ".git"}
+
+
+@dataclass(frozen=True)
+class Built:
+    """Outcome of a build: the tag, its image id, and whether the cache answered."""
+
+    tag: str
+    image_id: str
+    cached: bool
+
+
+class Progress:
+    """Prints a build's stages with elapsed time, and keeps a tail for errors."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.start, self.last = what, time.monotonic(), 0.0
+        self.tail: deque[str] = deque(maxlen=40)
+        self.stages: set[str] = set()
+
+    def say(self, msg: str) -> None:
+        """Prints one progress line (to stderr: library callers may own stdout)."""
+        print(f"[containers {self.what} +{time.monotonic() - self.start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+        self.last = time.monotonic()
+
+    def feed(self, line: str) -> None:
+        """Takes a line of tool output: shown for a Dockerfile step, a first-seen stage
+        (its first two words) and otherwise at most every 10 s."""
+        line = line.rstrip()
+        if not line:
+            return
+        self.tail.append(line)
+        stage = " ".join(line.split()[:2])
+        if line.startswith("Step ") or stage not in self.stages or time.monotonic() - self.last > 10:
+            self.stages.add(stage)
+            self.say(line[:160])
+
+    def fail(self, msg: str) -> RuntimeError:
+        """An error carrying the last lines of output."""
+        return RuntimeError(f"{self.what}: {msg}\n--- last output ---\n" + "\n".join(self.tail))
+
+
+# ---- image directories --------------------------------------------------------------
+
+
+def known_images() -> list[str]:
+    """Names of the image directories (every containers/<name>/Dockerfile), parents first."""
+    names = sorted(p.parent.name for p in ROOT.glob("*/Dockerfile"))
+    return sorted(names, key=lambda name: len(chain(ROOT / name)))
+
+
+def image_dir(name: str) -> Path:
+    """The directory of a known image, or a clear error."""
+    path = ROOT / name
+    if not (path / "Dockerfile").is_file():
+        raise ValueError(f"unknown image {name!r}; known: {', '.join(known_images())}")
+    return path
+
+
+def tag_of(name: str) -> str:
+    """The tag of a known image."""
+    return f"{REPO}/{name}:latest"
+
+
+def read_packages(directory: Path) -> list[str]:
+    """The Debian packages a directory's packages.txt lists (comments allowed)."""
+    path = directory / "packages.txt"
+    if not path.is_file():
+        return []
+    text = re.sub(r"#.*", "", path.read_text())
+    return text.split()
+
+
+def known_name(ref: str) -> str | None:
+    """The known image a name or a `nextstate/<name>[:latest]` reference stands for."""
+    found = re.fullmatch(rf"(?:{REPO}/)?([\w.-]+)(?::latest)?", ref.strip("\"'"))
+    if found and (ROOT / found.group(1) / "Dockerfile").is_file():
+        return found.group(1)
+    return None
+
+
+def parent_of(directory: Path) -> str | None:
+    """The known image a Dockerfile builds on through its `ARG BASE=nextstate/...` default."""
+    match = re.search(r"^\s*ARG\s+BASE=(\S+)", (directory / "Dockerfile").read_text(), re.MULTILINE)
+    if match and match.group(1).strip("\"'").startswith(f"{REPO}/"):
+        return known_name(match.group(1))
+    return None
+
+
+def chain(directory: Path) -> list[Path]:
+    """The directory and its ancestors, root first."""
+    dirs, seen = [directory], {directory.resolve()}
+    while (parent := parent_of(dirs[0])) is not None:
+        pdir = image_dir(parent)
+        if pdir.resolve() in seen:
+            raise ValueError(f"image parents form a cycle at {pdir}")
+        seen.add(pdir.resolve())
+        dirs.insert(0, pdir)
+    return dirs
+
+
+def dir_hash(directory: Path) -> str:
+    """A hash of every file's relative path, mode and bytes under a directory."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not SKIP & set(path.relative_to(directory).parts):
+            digest.update(f"{path.relative_to(directory)}\0{path.stat().st_mode & 0o111}\0".encode())
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def chain_hash(dirs: Iterable[Path], base: str = SUITE) -> str:
+    """The content hash of building `dirs` in order on `base`."""
+    digest = hashlib.sha256(base.encode())
+    for directory in dirs:
+        digest.update(dir_hash(directory).encode())
+    return digest.hexdigest()[:32]
+
+
+# ---- engine helpers -----------------------------------------------------------------
+
+
+def image_info(client: docker.DockerClient, ref: str) -> dict | None:
+    """The engine's inspect of an image, or None when it is absent."""
+    try:
+        return client.api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def image_label(info: dict | None, key: str) -> str | None:
+    """One label of an inspected image."""
+    return ((info or {}).get("Config") or {}).get("Labels", {}).get(key) if info else None
+
+
+def is_offline(client: docker.DockerClient) -> bool:
+    """NEXTSTATE_OFFLINE=1/0 if set, else whether pulling a Debian image fails (20 s)."""
+    forced = os.environ.get("NEXTSTATE_OFFLINE", "").strip().lower()
+    if forced in {"1", "true", "yes"}:
+        return True
+    if forced in {"0", "false", "no"}:
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            client.api.pull(PROBE_IMAGE[0], tag=PROBE_IMAGE[1])
+            result.append(True)
+        except docker.errors.DockerException:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(20)
+    return not (result and result[0])
+
+
+def docker_build(
+    client: docker.DockerClient,
+    directory: Path,
+    buildargs: dict[str, str],
+    progress: Progress,
+    *,
+    tag: str | None = None,
+    labels: dict[str, str] | None = None,
+    network: str | None = None,
+) -> str:
+    """Runs one `docker build`, streaming its steps; returns the image id."""
+    progress.say(f"docker build {directory.name} ({' '.join(f'{k}={v}' for k, v in buildargs.items())})")
+    image_id = None
+    stream = client.api.build(
+        path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None,
+        network_mode=network, rm=True, forcerm=True, pull=False, decode=True,
+    )
+    for chunk in stream:
+        if "error" in chunk:
+            progress.feed(chunk["error"])
+            raise progress.fail(f"docker build of {directory} failed")
+        for line in chunk.get("stream", "").splitlines():
+            progress.feed(line)
+        image_id = (chunk.get("aux") or {}).get("ID", image_id)
+    if image_id is None:
+        raise progress.fail(f"docker build of {directory} gave no image id")
+    return image_id
+
+
+@contextlib.contextmanager
+def build_lock(tag: str) -> Iterator[None]:
+    """Serialises builds of one tag among the processes of this host."""
+    folder = Path(tempfile.gettempdir()) / "nextstate-build-locks"
+    folder.mkdir(exist_ok=True)
+    with open(folder / (re.sub(r"[^\w.-]", "_", tag) + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+# ---- offline rootfs -----------------------------------------------------------------
+
+
+def unmount_under(path: Path) -> None:
+    """Lazily unmounts whatever a failed debootstrap left mounted below `path`."""
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+
+
+def run_streamed(cmd: list[str], progress: Progress, env: dict[str, str] | None = None) -> int:
+    """Runs a command, feeding its merged output to `progress`; returns its exit code."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            progress.feed(line)
+        return proc.wait()
+
+
+def mmdebstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+    """Writes a minbase rootfs tarball with `packages`, resolved by apt (virtual packages too)."""
+    cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}",
+           '--aptopt=APT::Install-Recommends "false"', "--skip=output/dev", SUITE, str(archive), mirror]
+    env = {**os.environ, "TMPDIR": str(archive.parent)}
+    if run_streamed(cmd, progress, env) != 0:
+        raise progress.fail("mmdebstrap failed")
+
+
+def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+    """Writes a minbase rootfs tarball with `packages` by debootstrap, whose resolver
+    cannot choose providers of virtual packages (mmdebstrap can)."""
+    target = archive.parent / "rootfs"
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(target), mirror]
+    if run_streamed(cmd, progress) != 0:
+        log = target / "debootstrap" / "debootstrap.log"
+        if log.is_file():
+            lines = log.read_text(errors="replace").splitlines()
+            progress.tail.extend([x for x in lines if "dpkg:" in x or "depends on" in x][-15:] + lines[-10:])
+        raise progress.fail("debootstrap failed (apt-get install mmdebstrap, whose resolver is apt's, may help)")
+    unmount_under(target)
+    for leftover in (target / "var/cache/apt/archives").glob("*.deb"):
+        leftover.unlink()
+    progress.say("packing rootfs")
+    subprocess.run(["tar", "-C", str(target), "--numeric-owner", "-cf", str(archive), "."], check=True)
+    shutil.rmtree(target)
+
+
+def rootfs_image(
+    client: docker.DockerClient, name: str, packages: list[str], progress: Progress, force: bool
+) -> str:
+    """A `docker import` of a Debian minbase rootfs holding `packages` (cached by tag).
+
+    Made by mmdebstrap when installed, else debootstrap; NEXTSTATE_BOOTSTRAP
+    names one of them to force it.  The rootfs is removed once imported.
+    """
+    mirror = os.environ.get("NEXTSTATE_DEBIAN_MIRROR", DEFAULT_MIRROR)
+    wanted = sorted(set(packages))
+    key = hashlib.sha256(f"{SUITE}\0minbase\0{' '.join(wanted)}".encode()).hexdigest()[:16]
+    tag = f"{REPO}/rootfs-{name}:{key}"
+    if not force and image_info(client, tag):
+        progress.say(f"rootfs {tag} already imported")
+        return tag
+    tools = os.environ.get("NEXTSTATE_BOOTSTRAP", "").split() or ["mmdebstrap", "debootstrap"]
+    tool = next((t for t in tools if shutil.which(t)), None)
+    if tool is None:
+        raise RuntimeError(f"offline build needs {' or '.join(tools)}: apt-get install {tools[0]} "
+                           "(or NEXTSTATE_OFFLINE=0)")
+    if os.geteuid() != 0:
+        raise RuntimeError(f"offline build runs {tool}, which needs root here (or NEXTSTATE_OFFLINE=0)")
+    work = Path(tempfile.mkdtemp(prefix=f"nextstate-rootfs-{name}-", dir="/var/tmp"))
+    try:
+        archive = work / "rootfs.tar"
+        progress.say(f"{tool} {SUITE} from {mirror} with {len(wanted)} packages (takes minutes)")
+        (mmdebstrap_tar if tool == "mmdebstrap" else debootstrap_tar)(wanted, archive, mirror, progress)
+        progress.say(f"docker import as {tag} ({archive.stat().st_size >> 20} MiB)")
+        repo, _, key = tag.partition(":")
+        client.api.import_image(str(archive), repository=repo, tag=key,
+                                changes=[f"ENV {PATH_ENV}", 'CMD ["bash"]'])
+    finally:
+        unmount_under(work)
+        shutil.rmtree(work, ignore_errors=True)
+    return tag
+
+
+# ---- builds -------------------------------------------------------------------------
+
+
+def build_chain(
+    client: docker.DockerClient,
+    dirs: list[Path],
+    tag: str,
+    digest: str,
+    progress: Progress,
+    *,
+    base: str | None,
+    offline: bool,
+    force: bool,
+    network: str | None = None,
+) -> str:
+    """Builds `dirs` in order, each on the previous; only the last is tagged.
+
+    With no `base`, the first Dockerfile's own default is used online, and a
+    rootfs with the chain's packages offline.
+    """
+    labels = {HASH_LABEL: digest}
+    if base is None and offline:
+        packages = [p for d in dirs for p in read_packages(d)]
+        base = rootfs_image(client, tag.split("/")[-1].split(":")[0], packages, progress, force)
+    args = {"OFFLINE": "1"} if offline else {}
+    for i, directory in enumerate(dirs):
+        last = i == len(dirs) - 1
+        buildargs = {**args, **({"BASE": base} if base else {})}
+        base = docker_build(client, directory, buildargs, progress, tag=tag if last else None,
+                            labels=labels if last else None, network=network)
+    assert base is not None
+    return base
+
+
+def finish(client: docker.DockerClient, tag: str, old: dict | None, progress: Progress) -> Built:
+    """Drops the image `tag` replaced (when unused) and reports the new one."""
+    new = client.api.inspect_image(tag)["Id"]
+    if old and old["Id"] != new:
+        try:
+            client.api.remove_image(old["Id"])
+        except docker.errors.APIError:
+            pass  # still used by a container or a child image
+    progress.say(f"built {tag} ({new[7:19]})")
+    return Built(tag, new, cached=False)
+
+
+def build(name: str, *, client: docker.DockerClient | None = None, force: bool = False,
+          offline: bool | None = None) -> Built:
+    """Builds a known image (and its parents) unless its hash label is current."""
+    client = client or connect()
+    dirs = chain(image_dir(name))
+    digest, tag = chain_hash(dirs), tag_of(name)
+    old = image_info(client, tag)
+    if not force and image_label(old, HASH_LABEL) == digest:
+        assert old is not None
+        return Built(tag, old["Id"], cached=True)
+    with build_lock(tag):
+        old = image_info(client, tag)  # another process may have built it meanwhile
+        if not force and image_label(old, HASH_LABEL) == digest:
+            assert old is not None
+            return Built(tag, old["Id"], cached=True)
+        return rebuild(client, name, dirs, digest, old, force, offline)
+
+
+def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: str,
+            old: dict | None, force: bool, offline: bool | None) -> Built:
+    """The uncached part of `build`."""
+    tag = tag_of(name)
+    progress = Progress(name)
+    offline = is_offline(client) if offline is None else offline
+    progress.say(f"building {tag} {'offline' if offline else 'online'}")
+    parent = parent_of(dirs[-1])
+    own = read_packages(dirs[-1])
+    if parent is not None and not (offline and own):
+        base = build(parent, client=client, offline=offline).tag
+        todo = dirs[-1:]
+    else:
+        base, todo = None, dirs
+    build_chain(client, todo, tag, digest, progress, base=base, offline=offline, force=force,
+                network="none" if offline else None)
+    return finish(client, tag, old, progress)
+
+
+def ensure_image(name: str = "terminal", client: docker.DockerClient | None = None) -> str:
+    """The tag of a known image, built first when missing or stale."""
+    return build(name, client=client).tag
+
+
+def build_image(
+    context_dir: str | os.PathLike[str],
+    tag: str,
+    *,
+    base: str | None = None,
+    client: docker.DockerClient | None = None,
+    force: bool = False,
+) -> str:
+    """Builds any Dockerfile directory on `base` (default: our terminal image); returns `tag`.
+
+    `base` is a known image name or any image reference; it is passed as the
+    BASE build arg.  Cached by a hash of the directory and the base's image id.
+    Offline, a ``packages.txt`` in the directory is honoured when `base` is
+    one of ours (its chain is rebuilt on a rootfs that has them).
+    """
+    client = client or connect()
+    directory = Path(context_dir).resolve()
+    if not (directory / "Dockerfile").is_file():
+        raise ValueError(f"no Dockerfile in {directory}")
+    base = base or "terminal"
+    ours = known_name(base)
+    base_ref = build(ours, client=client).tag if ours else base
+    base_info = image_info(client, base_ref)
+    if base_info is None:
+        raise ValueError(f"base image {base_ref!r} not found")
+    digest = chain_hash([directory], base=base_info["Id"])
+    with build_lock(tag):
+        old = image_info(client, tag)
+        if not force and image_label(old, HASH_LABEL) == digest:
+            return tag
+        progress = Progress(tag)
+        offline = is_offline(client)
+        progress.say(f"building {tag} from {directory} on {base_ref} {'offline' if offline else 'online'}")
+        if offline and ours and read_packages(directory):
+            dirs = chain(image_dir(ours)) + [directory]
+            build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force)
+        else:
+            build_chain(client, [directory], tag, digest, progress, base=base_ref, offline=offline, force=force)
+        finish(client, tag, old, progress)
+    return tag
+
+
+def build_all(names: Iterable[str] | None = None, *, client: docker.DockerClient | None = None,
+              force: bool = False) -> Iterator[Built]:
+    """Builds the named images (default: every known one), yielding each outcome."""
+    client = client or connect()
+    for name in names or known_images():
+        yield build(name, client=client, force=force)

@@ -1,0 +1,79 @@
+"""Removal of project containers whose owner is gone."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import docker
+
+from . import HOST_LABEL, PID_LABEL, PROJECT, PROJECT_LABEL, RUN_LABEL, connect
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_alive(labels: dict[str, str]) -> bool | None:
+    """True/False for a container owned on this host, None when owned elsewhere."""
+    if labels.get(HOST_LABEL) != socket.gethostname():
+        return None
+    try:
+        return pid_alive(int(labels.get(PID_LABEL, "")))
+    except ValueError:
+        return False
+
+
+def project_containers(client: docker.DockerClient) -> list[dict[str, Any]]:
+    """All project containers, running or not, as the engine lists them (one call)."""
+    return client.api.containers(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
+
+
+def doomed(labels: dict[str, str], *, all_hosts: bool, run_id: str | None) -> bool:
+    """Whether `reap` should remove a container with these labels."""
+    alive = owner_alive(labels)
+    if alive is None and not all_hosts:
+        return False
+    if run_id is not None:
+        return labels.get(RUN_LABEL) == run_id
+    return alive is None or not alive
+
+
+def reap(
+    client: docker.DockerClient | None = None,
+    *,
+    all_hosts: bool = False,
+    run_id: str | None = None,
+) -> int:
+    """Force-remove leftover project containers; return how many were removed.
+
+    Default: those on this host whose owner pid is dead.  With `run_id`: every
+    container of that run on this host, whatever its owner's state.
+    `all_hosts` widens either choice to containers owned by other hosts
+    (whose owners cannot be checked, so all of them match the liveness test).
+    """
+    client = client or connect()
+    removed = 0
+    for info in project_containers(client):
+        if not doomed(info.get("Labels") or {}, all_hosts=all_hosts, run_id=run_id):
+            continue
+        try:
+            client.api.remove_container(info["Id"], force=True, v=True)
+        except docker.errors.NotFound:
+            continue
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # removal already in progress elsewhere
+                continue
+            raise
+        removed += 1
+    return removed

@@ -1,0 +1,169 @@
+"""The containers package against a real Docker engine: image builds and reaping."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+import containers
+from containers import PID_LABEL, owner_labels, reap
+from containers.build import build, build_image, known_images, parent_of, read_packages
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def client() -> docker.DockerClient:
+    """A client of the engine; skips off CI when none runs, fails on CI."""
+    try:
+        return containers.connect()
+    except RuntimeError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def terminal(client: docker.DockerClient) -> str:
+    """The terminal image's tag, built when missing."""
+    return containers.ensure_image("terminal", client=client)
+
+
+@pytest.fixture
+def run_id(client: docker.DockerClient):
+    """A fresh run id whose containers are removed afterwards."""
+    rid = f"test-{uuid.uuid4().hex[:12]}"
+    yield rid
+    reap(client, run_id=rid)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been waited for."""
+    proc = subprocess.Popen(["sleep", "60"])
+    proc.kill()
+    proc.wait()
+    return proc.pid
+
+
+def start(client: docker.DockerClient, image: str, labels: dict[str, str]):
+    """A detached container of `image` with `labels`."""
+    return client.containers.run(image, detach=True, init=True, labels=labels)
+
+
+def test_known_images_and_packages() -> None:
+    assert "terminal" in known_images()
+    packages = read_packages(Path(containers.__file__).parent / "terminal")
+    assert {"python3", "git", "python3-pytest", "jq"} <= set(packages)
+    assert parent_of(Path(containers.__file__).parent / "terminal") is None
+
+
+def test_terminal_build_is_cached(client: docker.DockerClient, terminal: str) -> None:
+    first = build("terminal", client=client)
+    second = build("terminal", client=client)
+    assert first.tag == second.tag == terminal == "nextstate/terminal:latest"
+    assert second.cached
+    assert second.image_id == first.image_id
+
+
+def test_terminal_image_contents(client: docker.DockerClient, terminal: str, run_id: str) -> None:
+    script = ("id -u; pwd; python3 -c 'import sys; print(sys.version_info[0])'; "
+              "git --version; python3 -m pytest --version")
+    out = client.containers.run(terminal, ["sh", "-c", script], remove=True, labels=owner_labels(run_id))
+    lines = out.decode().split("\n")
+    assert lines[0] == "1000"
+    assert lines[1] == "/app"
+    assert lines[2] == "3"
+    assert lines[3].startswith("git version")
+    assert "pytest" in out.decode()
+
+
+def test_build_image_on_terminal(client: docker.DockerClient, terminal: str, tmp_path: Path, run_id: str) -> None:
+    (tmp_path / "Dockerfile").write_text(
+        "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nCOPY task.txt /app/task.txt\n"
+    )
+    (tmp_path / "task.txt").write_text("one\n")
+    tag = f"nextstate-test/task-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        assert build_image(tmp_path, tag, client=client) == tag
+        first = client.images.get(tag).id
+        build_image(tmp_path, tag, client=client)
+        assert client.images.get(tag).id == first  # cache hit
+        (tmp_path / "task.txt").write_text("two\n")
+        build_image(tmp_path, tag, client=client)
+        assert client.images.get(tag).id != first  # input changed: rebuilt
+        out = client.containers.run(tag, ["cat", "task.txt"], remove=True, labels=owner_labels(run_id))
+        assert out == b"two\n"
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def test_reap_removes_dead_owner_only(client: docker.DockerClient, terminal: str, run_id: str) -> None:
+    orphan = start(client, terminal, {**owner_labels(run_id), PID_LABEL: str(dead_pid())})
+    owned = start(client, terminal, owner_labels(run_id))
+    reap(client)  # its count may miss the orphan when another process's reap got there first
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(orphan.id)
+    assert client.containers.get(owned.id).status in {"created", "running"}
+    assert reap(client, run_id=run_id) == 1
+    with pytest.raises(docker.errors.NotFound):
+        client.containers.get(owned.id)
+
+
+def test_reap_ignores_other_hosts(client: docker.DockerClient, terminal: str, run_id: str) -> None:
+    labels = {**owner_labels(run_id), PID_LABEL: str(dead_pid()), containers.HOST_LABEL: "elsewhere"}
+    other = start(client, terminal, labels)
+    reap(client)
+    assert client.containers.get(other.id)
+    assert reap(client, all_hosts=True, run_id=run_id) == 1
+
+
+def test_reap_survives_vanished_container(client: docker.DockerClient) -> None:
+    """A container listed but gone by the time it is removed is skipped."""
+
+    class Vanishing:
+        def __init__(self, real: docker.DockerClient) -> None:
+            self.real = real
+
+        def containers(self, **_: object) -> list[dict]:
+            labels = {**owner_labels("gone"), PID_LABEL: str(dead_pid())}
+            return [{"Id": "0" * 64, "Labels": labels}]
+
+        def remove_container(self, *args: object, **kwargs: object) -> None:
+            self.real.api.remove_container(*args, **kwargs)
+
+    fake = type("Client", (), {"api": Vanishing(client)})()
+    assert reap(fake) == 0
+
+
+def test_chain_and_hash_follow_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from containers import build as b
+
+    for name, base in [("root", "debian:bookworm-slim"), ("child", "nextstate/root:latest")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "Dockerfile").write_text(f"ARG BASE={base}\nFROM ${{BASE}}\n")
+    (tmp_path / "child" / "packages.txt").write_text("xvfb  # a comment\n\nchromium\n")
+    monkeypatch.setattr(b, "ROOT", tmp_path)
+    assert b.known_images() == ["root", "child"]
+    assert b.chain(tmp_path / "child") == [tmp_path / "root", tmp_path / "child"]
+    assert b.read_packages(tmp_path / "child") == ["xvfb", "chromium"]
+    before = b.chain_hash(b.chain(tmp_path / "child"))
+    assert b.chain_hash(b.chain(tmp_path / "child")) == before
+    (tmp_path / "root" / "extra.sh").write_text("echo\n")
+    assert b.chain_hash(b.chain(tmp_path / "child")) != before
+    with pytest.raises(ValueError, match="unknown image"):
+        b.image_dir("nope")
+
+
+def test_cli_list_and_reap(client: docker.DockerClient, terminal: str, run_id: str) -> None:
+    box = start(client, terminal, owner_labels(run_id))
+    cli = [sys.executable, "-m", "containers"]
+    listed = subprocess.run([*cli, "list"], capture_output=True, text=True, check=True).stdout
+    assert box.id[:12] in listed and run_id in listed
+    out = subprocess.run([*cli, "reap", "--run-id", run_id], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "removed 1 container"
