@@ -1,0 +1,156 @@
+"""The one place that turns an episode into chat messages.
+
+System prompt (a family intro, an optional per-role note, and the tool schemas
+when the policy cannot take them through ``tools=``), the message list from
+the episode so far, truncation of that history to a token budget (keep the
+system prompt, the task and the latest turns; drop the middle with a marker),
+and the stop strings and response length for each generation.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from agents.policy import Policy
+
+FAMILY_INTROS = {
+    "terminal": "You are an agent working in a Linux terminal. Reach the goal of the task by "
+                "running shell commands, one tool call per answer, and look at each result "
+                "before the next step.",
+    "swe": "You are a software engineer fixing an issue in a code repository. Explore the code, "
+           "reproduce the problem, edit the files and check your fix by running tests, one tool "
+           "call per answer.",
+    "gui": "You are an agent operating a graphical interface. Each observation shows the screen; "
+           "act on it with one tool call per answer.",
+    "toolcall": "You are an assistant that solves the user's problem by calling the provided "
+                "tools, one tool call per answer, and answers when done.",
+}
+DEFAULT_INTRO = "You are an agent. Solve the task by calling the provided tools, one tool call per answer."
+TOOL_FORMAT = ('Call a tool by answering with <tool_call>{"name": <tool name>, "arguments": '
+               '<JSON object of arguments>}</tool_call>.')
+
+
+@dataclass
+class ChatConfig:
+    """Context budget and generation limits.
+
+    ``context_tokens`` bounds the prompt plus ``max_response_tokens``;
+    ``max_observation_chars`` clips each observation (head and tail kept).
+    """
+
+    context_tokens: int = 32768
+    max_response_tokens: int = 1024
+    stop: tuple[str, ...] = ("</tool_call>",)
+    max_observation_chars: int = 16000
+
+    def sampling(self) -> dict[str, Any]:
+        """Stop conditions and length for a policy call (EOS always stops too)."""
+        return {"max_tokens": self.max_response_tokens, "stop": list(self.stop)}
+
+
+def system_prompt(family: str, tools: list[dict], role_note: str | None = None, *,
+                  tools_in_text: bool = False) -> str:
+    """Family intro, role note, and -- when the template cannot render them -- the tools."""
+    parts = [FAMILY_INTROS.get(family, DEFAULT_INTRO)]
+    if role_note:
+        parts.append(role_note)
+    if tools_in_text:
+        parts.append("Tools (JSON schemas):\n" + "\n".join(json.dumps(t) for t in tools))
+    parts.append(TOOL_FORMAT)
+    return "\n\n".join(parts)
+
+
+def clip(text: str, max_chars: int) -> str:
+    """``text`` cut to about ``max_chars``, keeping its head and tail."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars * 2 // 3
+    tail = max_chars - head
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted ...]\n{text[-tail:]}"
+
+
+def _image_url(image: Any) -> str:
+    if isinstance(image, bytes):
+        return "data:image/png;base64," + base64.b64encode(image).decode()
+    return image if str(image).startswith("data:") else "data:image/png;base64," + str(image)
+
+
+def multimodal(text: str, images: list[Any] | None) -> str | list[dict]:
+    """Message content: ``text``, plus OpenAI ``image_url`` parts (data URLs) when there are
+    images (PNG bytes, base64 text or data URLs)."""
+    if not images:
+        return text
+    return [{"type": "text", "text": text}] + [
+        {"type": "image_url", "image_url": {"url": _image_url(im)}} for im in images]
+
+
+def observation_content(obs: Any, max_chars: int) -> str | list[dict]:
+    """Message content for an observation: text, or a dict with ``text`` and ``image``/``images``."""
+    if isinstance(obs, dict):
+        images = obs.get("images") or ([obs["image"]] if obs.get("image") is not None else [])
+        return multimodal(clip(str(obs.get("text", "")), max_chars), images)
+    return clip("" if obs is None else str(obs), max_chars)
+
+
+@dataclass
+class Turn:
+    """One step in the conversation: the assistant's text and what came back."""
+
+    text: str
+    observation: Any
+    valid: bool = True  # a tool ran (observation is its result), else a format error message
+
+
+def turn_messages(turn: Turn, index: int, max_chars: int) -> list[dict]:
+    """The assistant's message, then the tool's result (or, for an invalid action, the error
+    as a user message: no tool ran)."""
+    content = observation_content(turn.observation, max_chars)
+    if turn.valid:
+        reply = {"role": "tool", "content": content, "tool_call_id": f"call_{index}"}
+    else:
+        reply = {"role": "user", "content": content}
+    return [{"role": "assistant", "content": turn.text}, reply]
+
+
+def _with_marker(task: dict, dropped: int) -> dict:
+    note = f"\n\n[{dropped} earlier step{'s' * (dropped != 1)} omitted to fit the context window]"
+    content = task["content"]
+    if isinstance(content, list):
+        return {**task, "content": content + [{"type": "text", "text": note}]}
+    return {**task, "content": content + note}
+
+
+def build_messages(system: str, first_observation: Any, turns: list[Turn], *, policy: Policy,
+                   tools: list[dict] | None, config: ChatConfig) -> list[dict]:
+    """The prompt for the next step, truncated to ``config``'s budget.
+
+    Keeps the system prompt, the task (first observation) and as many of the
+    latest turns as fit; the dropped middle is announced in the task message.
+    When even the last turn alone does not fit, observations are clipped harder.
+    """
+    budget = config.context_tokens - config.max_response_tokens
+    max_chars = config.max_observation_chars
+
+    def render(dropped: int) -> list[dict]:
+        task = {"role": "user", "content": observation_content(first_observation, max_chars)}
+        body = [m for i, t in enumerate(turns) if i >= dropped
+                for m in turn_messages(t, i, max_chars)]
+        return [{"role": "system", "content": system},
+                _with_marker(task, dropped) if dropped else task, *body]
+
+    def fits(dropped: int) -> bool:
+        return policy.count_tokens(render(dropped), tools) <= budget
+
+    if fits(0):
+        return render(0)
+    lo, hi = 1, max(len(turns) - 1, 1)  # find the fewest dropped turns that fit; keep >= 1 turn
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    dropped = min(lo, len(turns) - 1) if turns else 0
+    while not fits(dropped) and max_chars > 200:
+        max_chars //= 2
+    return render(dropped)

@@ -1,0 +1,101 @@
+"""What a policy is: messages in, one generation (text, token ids, log-probs) out.
+
+Backends: :class:`agents.openai_policy.OpenAIPolicy` (any OpenAI-compatible
+server: vLLM, SGLang, ...) and :class:`agents.hf_policy.HFPolicy` (a local
+transformers model, ``"tiny"`` included). :func:`make_policy` picks one from a
+string.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class PolicyError(RuntimeError):
+    """A policy could not produce a generation (e.g. its server failed after all retries)."""
+
+
+@dataclass
+class Generation:
+    """One sampled answer.
+
+    ``prompt_ids``/``response_ids``/``logprobs`` are the exact tokens the model
+    consumed and sampled, and ``log pi_old`` of each sampled token; they are
+    empty and ``ids_from_server`` is False when the backend did not report
+    them (they are never reconstructed by re-tokenizing text).
+    """
+
+    text: str
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+    ids_from_server: bool = False
+    message: dict[str, Any] | None = None  # the raw assistant message, when a server sent one
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Policy(ABC):
+    """Something that answers a chat.
+
+    ``renders_tools``: whether tool schemas passed as ``tools=`` reach the model
+    (through the chat template or the server); when False, callers put them
+    into the system prompt themselves (see :mod:`agents.chat`).
+    """
+
+    name: str = "policy"
+    renders_tools: bool = True
+
+    @abstractmethod
+    async def generate(self, messages: list[dict], tools: list[dict] | None = None,
+                       **sampling: Any) -> Generation:
+        """One answer. ``sampling``: temperature, top_p, max_tokens, stop, seed."""
+
+    async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
+                       max_tokens: int = 1024) -> list[str]:
+        """``n`` sampled answer texts (one request each unless a backend batches them)."""
+        gens = await asyncio.gather(*(self.generate(messages, temperature=temperature,
+                                                    max_tokens=max_tokens) for _ in range(n)))
+        return [g.text for g in gens]
+
+    def generate_sync(self, messages: list[dict], tools: list[dict] | None = None,
+                      **sampling: Any) -> Generation:
+        """:meth:`generate` for code without an event loop."""
+        return asyncio.run(self.generate(messages, tools, **sampling))
+
+    def count_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:
+        """Prompt size in tokens, for context budgeting. Default: about 4 characters a token."""
+        chars = sum(len(content_text(m.get("content"))) + 16 for m in messages)
+        chars += len(json.dumps(tools)) if tools else 0
+        return chars // 4 + 1
+
+    async def aclose(self) -> None:
+        """Release connections or threads (no-op by default)."""
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content (string, or parts with images shown as ``<image>``)."""
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") if p.get("type") == "text" else "<image>" for p in content)
+    return "" if content is None else str(content)
+
+
+def make_policy(spec: str, **kw: Any) -> Policy:
+    """A policy from a string.
+
+    ``"tiny"`` -> the tiny local model; ``http(s)://...`` -> an
+    :class:`~agents.openai_policy.OpenAIPolicy` on that server (``model=`` in
+    ``kw``, else the server's first model); anything else -> an
+    :class:`~agents.hf_policy.HFPolicy` on that local path or hub name.
+    """
+    if spec.startswith(("http://", "https://")):
+        from agents.openai_policy import OpenAIPolicy
+        return OpenAIPolicy(spec, **kw)
+    from agents.hf_policy import HFPolicy
+    return HFPolicy(spec, **kw)

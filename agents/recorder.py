@@ -1,0 +1,93 @@
+"""A JSONL log written by a background thread, so logging never slows a rollout.
+
+``record(kind, payload)`` only appends to an unbounded queue (it never blocks
+and never drops); the writer thread turns each record into one line
+``{"kind": ..., "time": ..., **payload}``. ``close()`` writes everything still
+queued and closes the file; it also runs at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+_STOP = object()
+
+
+class Recorder:
+    """Fire-and-forget JSONL writer (thread-safe; usable from asyncio code)."""
+
+    def __init__(self, path: str | os.PathLike, flush_every: float = 1.0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._flush_every = flush_every
+        self._closed = False
+        self._lock = threading.Lock()
+        self.written = 0
+        self._thread = threading.Thread(target=self._write_loop, daemon=True, name="recorder")
+        self._thread.start()
+        atexit.register(_close_ref, weakref.ref(self))
+
+    def record(self, kind: str, payload: dict[str, Any]) -> None:
+        """Queue one line; returns at once."""
+        item = {"kind": kind, "time": time.time(), **payload}
+        with self._lock:  # nothing can slip in behind close()'s end marker
+            if self._closed:
+                raise RuntimeError(f"recorder {self.path} is closed")
+            self._queue.put(item)
+
+    def _write_loop(self) -> None:
+        last_flush = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get(timeout=self._flush_every)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                break
+            if item is not None:
+                self._file.write(json.dumps(item, default=_jsonable, ensure_ascii=False) + "\n")
+                self.written += 1
+            if item is None or time.monotonic() - last_flush >= self._flush_every:
+                self._file.flush()
+                last_flush = time.monotonic()
+        self._file.flush()
+
+    def close(self) -> None:
+        """Write out everything queued, then close the file. Safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        self._thread.join()
+        self._file.close()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, bytes):
+        return f"<{len(obj)} bytes>"
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def _close_ref(ref: "weakref.ref[Recorder]") -> None:
+    rec = ref()
+    if rec is not None:
+        rec.close()

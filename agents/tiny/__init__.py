@@ -1,0 +1,119 @@
+"""The ``tiny`` preset: a small randomly initialised causal LM that needs no download.
+
+It cannot solve tasks; it exists so that every code path that touches a real
+model (chat templates, token ids, log-probs, training updates, saving and
+loading by path) runs on a CPU in seconds.
+
+Shipped next to this file (regenerate with :func:`build_files` after editing
+the recipe below, and commit the result):
+
+* ``tokenizer.json`` -- byte-level: token id ``b`` is byte ``b`` (0..255), then
+  the special tokens ``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` and the
+  tool-call tags ``<tool_call>`` / ``</tool_call>`` (single tokens, but kept
+  when decoding with ``skip_special_tokens=True`` so the tool-call parser sees them);
+* ``tokenizer_config.json`` and ``chat_template.jinja`` -- ChatML, with the
+  tool schemas rendered into the system turn;
+* ``config.json`` -- a 2-layer Llama with hidden size 64 (Llama, because
+  ``AutoTokenizer`` then keeps this tokenizer as it is instead of
+  substituting a model-specific class with its own pre-tokenizer).
+
+Weights are not shipped: :func:`load_tiny` initialises them from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+TOOL_TAGS = ["<tool_call>", "</tool_call>"]
+VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(TOOL_TAGS)
+
+
+def _byte_alphabet() -> list[str]:
+    """One printable character per byte value, index = byte (the usual byte-level trick)."""
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    shift, chars = 0, []
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + shift))
+            shift += 1
+    return chars
+
+
+def _tokenizer_json() -> str:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in TOOL_TAGS])
+    return tok.to_str(pretty=True)
+
+
+def _model_config() -> dict[str, Any]:
+    from transformers import LlamaConfig
+
+    ids = {t: 256 + i for i, t in enumerate(SPECIAL_TOKENS)}
+    cfg = LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=True, bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"],
+    )
+    out = cfg.to_diff_dict()
+    out.pop("transformers_version", None)
+    return out
+
+
+def build_files(directory: str | os.PathLike) -> Path:
+    """Write the preset's tokenizer and config files into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(_tokenizer_json() + "\n")
+    tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+               "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+               "model_max_length": 32768, "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(_model_config(), indent=2, sort_keys=True) + "\n")
+    if out.resolve() != HERE:
+        (out / "chat_template.jinja").write_text((HERE / "chat_template.jinja").read_text())
+    return out
+
+
+def load_tokenizer() -> Any:
+    """The tiny preset's tokenizer (from the shipped files)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(HERE))
+
+
+def load_tiny(seed: int = 0) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: weights drawn from ``seed``, the same on every machine."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(HERE))
+    devices = []  # seed only this draw, not the caller's global RNG
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.eos_token_id = config.eos_token_id
+    return model.eval(), load_tokenizer()
+
+
+def save_tiny(directory: str | os.PathLike, seed: int = 0) -> Path:
+    """Write a complete HF model directory (weights included) loadable by path."""
+    model, tokenizer = load_tiny(seed)
+    out = Path(directory)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,103 @@
+"""agents.chat: system prompt, message building, context truncation."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, system_prompt
+from agents.hf_policy import HFPolicy
+from agents.policy import Generation, Policy
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+class CharPolicy(Policy):
+    """Stands in for a model; only its token counting (4 chars a token) is used here."""
+
+    async def generate(self, messages, tools=None, **sampling):
+        return Generation("")
+
+
+def test_system_prompt_family_role_and_tools():
+    text = system_prompt("terminal", TOOLS, "You are the planner.", tools_in_text=True)
+    assert "Linux terminal" in text and "You are the planner." in text
+    assert '"name": "bash"' in text and "<tool_call>" in text
+    assert '"name": "bash"' not in system_prompt("swe", TOOLS)
+    assert "code repository" in system_prompt("swe", TOOLS)
+
+
+def test_observation_with_images_becomes_parts():
+    png = b"\x89PNG fake"
+    content = observation_content({"text": "screen", "image": png}, 100)
+    assert content[0] == {"type": "text", "text": "screen"}
+    assert content[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(png).decode()
+    assert observation_content("plain", 100) == "plain"
+
+
+def test_clip_keeps_head_and_tail():
+    text = "A" * 500 + "B" * 500
+    out = clip(text, 100)
+    assert out.startswith("A" * 66) and out.endswith("B" * 34) and "omitted" in out
+    assert clip("short", 100) == "short"
+
+
+def turns(n: int, size: int = 400) -> list[Turn]:
+    return [Turn(f"action {i} " + "x" * size, f"output {i} " + "y" * size, valid=i % 3 != 2)
+            for i in range(n)]
+
+
+def test_no_truncation_when_it_fits():
+    msgs = build_messages("SYS", "TASK", turns(3), policy=CharPolicy(), tools=TOOLS,
+                          config=ChatConfig(context_tokens=100_000))
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant",
+                                         "tool", "assistant", "user"]
+    assert msgs[3]["tool_call_id"] == "call_0"
+    assert msgs[1]["content"] == "TASK"
+
+
+def test_truncation_keeps_system_task_and_latest_turns():
+    policy, config = CharPolicy(), ChatConfig(context_tokens=1200, max_response_tokens=200)
+    msgs = build_messages("SYS", "TASK", turns(30), policy=policy, tools=None, config=config)
+    assert policy.count_tokens(msgs) <= 1000
+    assert msgs[0]["content"] == "SYS"
+    assert msgs[1]["content"].startswith("TASK") and "earlier steps omitted" in msgs[1]["content"]
+    assert msgs[-2]["content"].startswith("action 29") and msgs[-1]["content"].startswith("output 29")
+    kept = [m["content"].split()[1] for m in msgs[2::2]]
+    assert kept == [str(i) for i in range(30 - len(kept), 30)]  # a contiguous recent tail
+    assert len(kept) >= 2
+
+
+def test_truncation_drops_as_few_turns_as_possible():
+    policy = CharPolicy()
+    full = policy.count_tokens(build_messages("SYS", "TASK", turns(10), policy=policy, tools=None,
+                                              config=ChatConfig(context_tokens=10**6)))
+    config = ChatConfig(context_tokens=full - 150 + 100, max_response_tokens=100)
+    msgs = build_messages("SYS", "TASK", turns(10), policy=policy, tools=None, config=config)
+    assert "1 earlier step omitted" in msgs[1]["content"]
+    assert len(msgs) == 2 + 2 * 9
+
+
+def test_huge_last_observation_is_clipped_to_fit():
+    policy = CharPolicy()
+    big = [Turn("act", "z" * 200_000)]
+    msgs = build_messages("SYS", "TASK", big, policy=policy, tools=None,
+                          config=ChatConfig(context_tokens=3000, max_response_tokens=500))
+    assert policy.count_tokens(msgs) <= 2500
+    assert "characters omitted" in msgs[-1]["content"]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> HFPolicy:
+    return HFPolicy("tiny")
+
+
+@pytest.mark.parametrize("n_turns", [0, 1, 12])
+def test_truncation_with_a_real_tokenizer(tiny, n_turns):
+    policy = tiny
+    config = ChatConfig(context_tokens=2500, max_response_tokens=500)
+    msgs = build_messages("SYS", "TASK " * 50, turns(n_turns, 300), policy=policy, tools=TOOLS,
+                          config=config)
+    assert policy.count_tokens(msgs, TOOLS) <= 2000
