@@ -108,19 +108,25 @@ async def test_32_concurrent_leases_from_asyncio(terminal_image):
         assert pool.stats()["ready"] == 8
 
 
-def test_sigkilled_owner_leaves_nothing_after_reap(terminal_image, docker_client):
+def spawn_pool_owner(image: str, run_id: str) -> subprocess.Popen:
+    """A separate Python process holding a warm pool of 2 under ``run_id``."""
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from envs.pool import SandboxPool
-        pool = SandboxPool({terminal_image!r}, size=2, backend="docker", run_id="sigkill-test")
+        pool = SandboxPool({image!r}, size=2, backend="docker", run_id={run_id!r})
         pool.wait_ready(120)
         print("ready", flush=True)
         time.sleep(600)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_sigkilled_owner_leaves_nothing_after_reap(terminal_image, docker_client):
+    proc = spawn_pool_owner(terminal_image, "sigkill-test")
     try:
-        assert proc.stdout.readline().strip() == "ready"
         assert len(project_containers(docker_client, "sigkill-test")) == 2
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -131,17 +137,7 @@ def test_sigkilled_owner_leaves_nothing_after_reap(terminal_image, docker_client
 
 
 def test_sigterm_closes_the_pool(terminal_image, docker_client):
-    script = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(REPO)!r})
-        from envs.pool import SandboxPool
-        pool = SandboxPool({terminal_image!r}, size=2, backend="docker", run_id="sigterm-test")
-        pool.wait_ready(120)
-        print("ready", flush=True)
-        time.sleep(600)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
+    proc = spawn_pool_owner(terminal_image, "sigterm-test")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) != 0
     assert project_containers(docker_client, "sigterm-test") == []
