@@ -1,0 +1,73 @@
+"""``python -m train --backend verl``: the composed config is one veRL's own classes accept."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from train.config import ConfigError, config_from_dict, load_config
+from train.verl_backend.launch import compose
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_dry_run_prints_a_config_verl_accepts(tmp_path):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.workers.config import FSDPActorConfig, RolloutConfig
+
+    out = subprocess.run([sys.executable, "-m", "train", "--backend", "verl", "--dry-run", "--env", "terminal",
+                          "--output", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = OmegaConf.create(out.stdout)
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    assert isinstance(actor, FSDPActorConfig) and isinstance(rollout, RolloutConfig)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+    assert actor.use_kl_loss and actor.kl_loss_coef == 0.01 and actor.kl_loss_type == "low_var_kl"
+    assert actor.entropy_coeff == 0 and actor.loss_agg_mode == "token-mean"
+    assert actor.optim.lr == 1e-6 and actor.optim.weight_decay == 0.1 and list(actor.optim.betas) == [0.9, 0.98]
+    assert actor.optim.lr_scheduler_type == "constant"
+    assert rollout.n == 8 and rollout.response_length == 8192 and rollout.temperature == 1.0
+    assert rollout.prompt_length + rollout.response_length == 16384
+    assert config.data.train_batch_size == 16
+    assert config.trainer.v1.trainer_mode == "nextstate" and rollout.agent.default_agent_loop == "nextstate"
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    assert config_from_dict(OmegaConf.to_container(config.nextstate)).env.max_steps == 10
+
+
+def test_verl_backend_refuses_to_launch_without_gpus(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    from train.__main__ import main
+    assert main(["--backend", "verl", "--env", "toolcall", "--output", str(tmp_path)]) == 2
+
+
+def test_compose_reports_bad_hydra_overrides_as_config_errors(tmp_path):
+    cfg = load_config("terminal", overrides=["verl.overrides=[actor_rollout_ref.actor.no_such_key=1]",
+                                             f"run.output={tmp_path}"])
+    with pytest.raises(ConfigError, match="veRL config"):
+        compose(cfg, n_tasks=4)
+
+
+def test_task_data_is_what_verls_dataset_reads(tmp_path):
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from agents.tiny import load_tokenizer
+    from train.rollout import load_tasks
+    from train.verl_backend.launch import data_path, write_task_data
+
+    cfg = load_config("toolcall", overrides=[f"run.output={tmp_path}", "verl.n_gpus_per_node=1"])
+    tasks = load_tasks(cfg)
+    path = write_task_data(tasks, data_path(cfg), "toolcall")
+    config = compose(cfg, n_tasks=len(tasks))
+    assert config.data.train_files == str(path)
+    data = RLHFDataset(data_files=str(path), tokenizer=load_tokenizer(), config=config.data)
+    assert len(data) == len(tasks)
+    row = data[1]
+    assert row["extra_info"]["task_id"] == tasks[1].id and row["index"] == 1
+    assert row["agent_name"] == "nextstate"
+    assert row["raw_prompt"] == [{"role": "user", "content": tasks[1].instruction}]

@@ -1,0 +1,148 @@
+"""``python -m train``: train a policy on a nextstate environment.
+
+    python -m train --env terminal                      # embedded defaults (tiny model on a CPU)
+    python -m train --env swe --model Qwen/Qwen3-8B --parallel 32 --judge http://judge:8000
+    python -m train --env terminal --backend verl --dry-run
+    python -m train --env terminal --steps 50 train.lr=1e-5 rollout.samples_per_task=4
+
+Settings come from ``configs/<env>.yaml`` (or ``--config``), then the flags,
+then ``section.key=value`` overrides. Without a GPU and without ``--model``
+the run uses the ``tiny`` model and the file's ``cpu_demo`` section. A bad
+configuration is reported on one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+from train.config import Config, ConfigError, load_config
+
+PROBE_TIMEOUT = 5.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m train", description="Train a policy on a nextstate environment.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--env", default="terminal", help="terminal, toolcall, swe or gui (default terminal)")
+    p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
+    p.add_argument("--config", help="config file (default configs/<env>.yaml)")
+    p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
+    p.add_argument("--judge", help="'policy' (the policy's own model), 'none', or an OpenAI-compatible URL")
+    p.add_argument("--backend", default="local", help="local (one process, CPU or one GPU) or verl (Ray cluster)")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--output", help="run directory (default runs/<env>)")
+    p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="print the composed config and exit")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return p.parse_args(argv)
+
+
+def has_gpu() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The flags as ``key=value`` overrides (applied before the explicit ones)."""
+    out = []
+    if args.parallel is not None:
+        out.append(f"rollout.parallel={args.parallel}")
+    if args.model:
+        out.append(f"model.name={args.model}")
+    if args.steps is not None:
+        out.append(f"run.steps={args.steps}")
+    if args.output:
+        out.append(f"run.output={args.output}")
+    if args.judge:
+        if args.judge.startswith(("http://", "https://")):
+            out += ["judge.mode=url", f"judge.url={args.judge}"]
+        elif args.judge in ("policy", "none"):
+            out.append(f"judge.mode={args.judge}")
+        else:
+            raise ConfigError(f"--judge must be policy, none or an http(s):// URL, got {args.judge!r}")
+    return out
+
+
+def check_model(name: str) -> None:
+    """A local model path must exist and hold an HF config; hub names are checked at load."""
+    if name == "tiny":
+        return
+    path = Path(name).expanduser()
+    looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "has no config.json"
+        raise ConfigError(f"model path {name!r} {what}")
+
+
+def probe_judge(url: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """The judge server must answer ``GET /v1/models`` at start-up."""
+    import httpx
+
+    base = url.rstrip("/")
+    probe = base + ("/models" if base.endswith("/v1") else "/v1/models")
+    try:
+        httpx.get(probe, timeout=timeout).raise_for_status()
+    except Exception as e:
+        raise ConfigError(f"judge URL {url} does not answer (GET {probe}: {type(e).__name__}: {e})") from None
+
+
+def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
+    """The run's config, and whether the CPU demo settings are in use."""
+    if args.backend not in ("local", "verl"):
+        raise ConfigError(f"--backend must be local or verl, got {args.backend!r}")
+    demo = args.backend == "local" and (args.model == "tiny" or (args.model is None and not has_gpu()))
+    cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
+    cfg.run.output = cfg.run.output.format(env=cfg.env.family)
+    if args.backend == "local" or not args.dry_run:
+        check_model(cfg.model.name)
+    if cfg.judge.mode == "url" and not args.dry_run:
+        probe_judge(cfg.judge.url or "")
+    return cfg, demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=os.environ.get("NEXTSTATE_LOG", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg, demo = build_config(args)
+        if args.backend == "verl":
+            from train.verl_backend.launch import launch
+            return launch(cfg, dry_run=args.dry_run, resume=args.resume)
+        if args.dry_run:
+            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+            return 0
+        return run_local(cfg, demo, args.resume)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def run_local(cfg: Config, demo: bool, resume: bool) -> int:
+    from train.local import LocalTrainer
+
+    output = Path(cfg.run.output)
+    note = " (cpu_demo settings: tiny model on CPU)" if demo else ""
+    print(f"nextstate train: env={cfg.env.family} model={cfg.model.name} backend=local "
+          f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "
+          f"parallel={cfg.rollout.parallel} judge={cfg.judge.mode} output={output}{note}", file=sys.stderr)
+    trainer = LocalTrainer(cfg, output, resume=resume)
+    rows = trainer.run()
+    last = rows[-1] if rows else {}
+    print(f"done: {len(rows)} steps logged, last step {last.get('step', 0)}; metrics {output / 'metrics.jsonl'}, "
+          f"plot {output / 'curves.png'}, checkpoints {output / 'checkpoints'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Step rewards and group-normalized advantages: the paper's general-agent recipe.
+
+Every agent step is one training sample. Its reward mixes the episode outcome
+with the judge's verdict on that step::
+
+    R_t = o + c * mean(valid votes at step t)      (o alone when no vote was valid)
+
+Advantages are normalized inside *buckets* of comparable samples. The default
+bucket is ``(task group, step index)``: the t-th steps of the n rollouts of one
+task are compared with each other, so a good step 3 is measured against the
+other step-3s, not against step 0s whose context was much shorter::
+
+    A = (R - mean_bucket(R)) / (std_bucket(R) + eps)     population std
+
+A bucket with one member keeps its raw reward (there is nothing to compare it
+with). A bucket whose rewards are all equal carries no learning signal: its
+samples are dropped from the batch, or kept with advantage 0 when
+``drop_constant=False``.
+
+The grouping key is pluggable (:func:`register_grouping`):
+
+* ``step_index`` (default): bucket = (group, step index), reward = R_t.
+* ``outcome``: outcome-only GRPO; bucket = group, reward = o.
+* ``state``: identical-state groups in the spirit of GiGPO; bucket =
+  (group, hash of the observation before the step), reward = R_t.
+
+Caveat (veRL RFC #7244): with per-step-index buckets, bucket t only holds the
+episodes that lasted at least t+1 steps, so the baseline a step is compared
+against depends on the trajectory's own stopping time. When the policy
+controls termination (a ``finish`` tool) that baseline is action-dependent
+and the gradient is biased: an implicit bonus or penalty on taking another
+step, of the size of the bucket means of the intermediate rewards. The
+``outcome`` key has no such term; the metrics report episode lengths so the
+effect can be watched when lengths vary a lot.
+
+Everything here is vectorized over numpy arrays: bucket ids from integer
+arithmetic (``np.unique`` only for non-integer keys), then a few
+``np.bincount`` / ``ufunc.at`` reductions, whatever the bucket count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+EPS = 1e-6
+
+
+@dataclass
+class StepRows:
+    """One row per agent step of a batch, as parallel arrays of equal length.
+
+    Attributes:
+        group: task group of the episode (the n samples of one task share it).
+        step: 0-based step index inside its episode.
+        outcome: episode outcome ``o``, repeated on each of its steps.
+        vote_mean: mean of the step's valid judge votes; NaN when none was valid.
+        state: hash of the observation before the step (``state`` grouping only).
+        role: which policy took the step; buckets never mix roles.
+    """
+
+    group: np.ndarray
+    step: np.ndarray
+    outcome: np.ndarray
+    vote_mean: np.ndarray
+    state: np.ndarray | None = None
+    role: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.group = np.asarray(self.group)
+        self.step = np.asarray(self.step, dtype=np.int64)
+        self.outcome = np.asarray(self.outcome, dtype=np.float64)
+        self.vote_mean = np.asarray(self.vote_mean, dtype=np.float64)
+        n = len(self.group)
+        for name in ("step", "outcome", "vote_mean", "state", "role"):
+            col = getattr(self, name)
+            if col is not None and len(col) != n:
+                raise ValueError(f"StepRows.{name} has {len(col)} rows, group has {n}")
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+
+@dataclass
+class Advantages:
+    """Result of :func:`compute_advantages`, aligned with the input rows.
+
+    ``keep`` is False for rows dropped as members of a constant bucket; their
+    advantage is 0. Counts are over buckets of the chosen grouping key.
+    """
+
+    advantages: np.ndarray
+    rewards: np.ndarray
+    keep: np.ndarray
+    buckets: int
+    singleton_buckets: int
+    constant_buckets: int
+
+    @property
+    def dropped(self) -> int:
+        """Rows removed from the batch."""
+        return int((~self.keep).sum())
+
+
+def step_rewards(outcome: np.ndarray, vote_mean: np.ndarray, c: float = 1.0) -> np.ndarray:
+    """``R_t = o + c * vote_mean`` where a NaN vote mean (no valid vote) adds nothing."""
+    votes = np.asarray(vote_mean, dtype=np.float64)
+    return np.asarray(outcome, dtype=np.float64) + c * np.where(np.isnan(votes), 0.0, votes)
+
+
+def _dense(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes 0..k-1 of ``col`` and k (a sort: the slow path)."""
+    _, inv = np.unique(col, return_inverse=True)
+    inv = inv.reshape(-1).astype(np.int64)
+    return inv, int(inv.max(initial=-1)) + 1
+
+
+def _column_codes(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Codes of one key column: integer columns of small range are offset, not sorted."""
+    col = np.asarray(col)
+    if col.dtype.kind in "iub" and len(col):
+        lo, hi = int(col.min()), int(col.max())
+        if hi - lo < 4 * len(col) + 16:
+            return (col.astype(np.int64) - lo), hi - lo + 1
+    return _dense(col)
+
+
+def bucket_codes(*columns: np.ndarray) -> np.ndarray:
+    """Int64 bucket ids of the row-wise tuples of ``columns``.
+
+    Ids are below ``4 * rows + 16`` but need not be contiguous (the mixed-radix
+    id of small integer columns is used as is; large or non-integer columns
+    are factorized with ``np.unique``).
+    """
+    n = len(columns[0])
+    codes, span = np.zeros(n, dtype=np.int64), 1
+    for col in columns:
+        c, k = _column_codes(col)
+        if span * k > 4 * n + 16:
+            codes, span = _dense(codes)
+        codes, span = codes * k + c, span * k
+    if span > 4 * n + 16:
+        codes, span = _dense(codes)
+    return codes
+
+
+def bucket_normalize(codes: np.ndarray, values: np.ndarray, *, eps: float = EPS,
+                     drop_constant: bool = True) -> Advantages:
+    """Normalize ``values`` inside the buckets given by non-negative int ``codes``.
+
+    Counts, sums and squared deviations per bucket come from ``np.bincount``
+    (two passes, so the variance does not lose precision); a bucket is
+    constant when its min equals its max (exact, no tolerance). One-member
+    buckets keep their raw value.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    codes = np.asarray(codes, dtype=np.int64)
+    k = int(codes.max(initial=-1)) + 1
+    count = np.bincount(codes, minlength=k).astype(np.float64)
+    mean = np.bincount(codes, weights=values, minlength=k) / np.maximum(count, 1)
+    dev = values - mean[codes]
+    std = np.sqrt(np.bincount(codes, weights=dev * dev, minlength=k) / np.maximum(count, 1))
+    lo, hi = np.full(k, np.inf), np.full(k, -np.inf)
+    np.minimum.at(lo, codes, values)
+    np.maximum.at(hi, codes, values)
+    used = count > 0
+    single = count == 1
+    constant = used & ~single & (lo == hi)
+
+    adv = np.where(single[codes], values, dev / (std[codes] + eps))
+    adv = np.where(constant[codes], 0.0, adv)
+    keep = ~constant[codes] if drop_constant else np.ones(len(codes), dtype=bool)
+    return Advantages(advantages=adv, rewards=values, keep=keep, buckets=int(used.sum()),
+                      singleton_buckets=int(single.sum()), constant_buckets=int(constant.sum()))
+
+
+Grouping = Callable[[StepRows, float], tuple[np.ndarray, np.ndarray]]
+GROUPINGS: dict[str, Grouping] = {}
+
+
+def register_grouping(name: str) -> Callable[[Grouping], Grouping]:
+    """Register ``fn(rows, c) -> (bucket codes, rewards)`` as grouping key ``name``."""
+    def deco(fn: Grouping) -> Grouping:
+        GROUPINGS[name] = fn
+        return fn
+    return deco
+
+
+def _role(rows: StepRows) -> np.ndarray:
+    return rows.role if rows.role is not None else np.zeros(len(rows), dtype=np.int64)
+
+
+@register_grouping("step_index")
+def _by_step_index(rows: StepRows, c: float) -> tuple[np.ndarray, np.ndarray]:
+    return bucket_codes(_role(rows), rows.group, rows.step), step_rewards(rows.outcome, rows.vote_mean, c)
+
+
+@register_grouping("outcome")
+def _by_outcome(rows: StepRows, c: float) -> tuple[np.ndarray, np.ndarray]:
+    return bucket_codes(_role(rows), rows.group), rows.outcome.astype(np.float64)
+
+
+@register_grouping("state")
+def _by_state(rows: StepRows, c: float) -> tuple[np.ndarray, np.ndarray]:
+    if rows.state is None:
+        raise ValueError("the 'state' grouping needs StepRows.state (observation hashes)")
+    return bucket_codes(_role(rows), rows.group, rows.state), step_rewards(rows.outcome, rows.vote_mean, c)
+
+
+def state_hash(observation: Any) -> int:
+    """A stable 63-bit hash of an observation (text, bytes, or JSON-able data)."""
+    if isinstance(observation, bytes):
+        raw = observation
+    elif isinstance(observation, str):
+        raw = observation.encode()
+    else:
+        raw = json.dumps(observation, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 1
+
+
+def states_before(trajectory: Any) -> list[int]:
+    """``state`` keys of a trajectory's steps: the hash of the observation each step saw
+    (for step 0, the task itself, which every sample of the group shares)."""
+    prev: Any = ["task", trajectory.task_id]
+    out = []
+    for step in trajectory.steps:
+        out.append(state_hash(prev))
+        prev = step.observation
+    return out
+
+
+def compute_advantages(rows: StepRows, key: str = "step_index", *, c: float = 1.0, eps: float = EPS,
+                       drop_constant: bool = True) -> Advantages:
+    """Step rewards and bucket-normalized advantages for ``rows`` (see module doc)."""
+    if key not in GROUPINGS:
+        raise ValueError(f"unknown advantage grouping {key!r}; known: {', '.join(sorted(GROUPINGS))}")
+    if len(rows) == 0:
+        empty = np.zeros(0)
+        return Advantages(empty, empty, np.zeros(0, dtype=bool), 0, 0, 0)
+    codes, rewards = GROUPINGS[key](rows, c)
+    return bucket_normalize(codes, rewards, eps=eps, drop_constant=drop_constant)

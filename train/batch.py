@@ -1,0 +1,149 @@
+"""From trajectories to training samples: one sample per agent step.
+
+A sample's prompt is the context token ids the policy saw at that step, its
+response the tokens it sampled there, and its old log-probs the ones recorded
+at rollout (pi_old). Aborted episodes, steps of other roles and steps whose
+token ids the backend did not report are left out (and counted). The
+advantage of a step comes from :mod:`train.advantage` and is spread over
+every token of its response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from agents.trajectory import Step, Trajectory
+from train.advantage import StepRows, compute_advantages, states_before
+from train.config import AdvantageConfig
+from train.loss import MicroBatch
+
+
+@dataclass
+class Sample:
+    """One agent step as a training sample."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_log_probs: list[float]
+    advantage: float
+    reward: float
+
+
+@dataclass
+class Batch:
+    """The samples of one training step and what building them counted."""
+
+    samples: list[Sample]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens in the batch (the token-mean denominator)."""
+        return sum(len(s.response_ids) for s in self.samples)
+
+
+def trainable(step: Step, role: str) -> bool:
+    """Whether a step can train the policy of ``role`` (its exact token ids and log-probs are known)."""
+    return (step.role == role and step.ids_from_server and bool(step.response_ids)
+            and len(step.logprobs) == len(step.response_ids))
+
+
+def step_table(trajectories: Sequence[Trajectory], role: str) -> tuple[StepRows, list[Step]]:
+    """Rows for the advantage code and the matching steps (trainable steps of ``role`` only)."""
+    group, index, outcome, votes, state, steps = [], [], [], [], [], []
+    for traj in trajectories:
+        if traj.status == "aborted":
+            continue
+        o = float(traj.outcome or 0.0)
+        for step, before in zip(traj.steps, states_before(traj)):
+            if trainable(step, role):
+                group.append(traj.group_id)
+                index.append(step.index)
+                outcome.append(o)
+                votes.append(np.nan if step.vote_mean is None else step.vote_mean)
+                state.append(before)
+                steps.append(step)
+    rows = StepRows(group=np.array(group, dtype=object).astype(str), step=np.array(index, dtype=np.int64),
+                    outcome=np.array(outcome), vote_mean=np.array(votes, dtype=np.float64),
+                    state=np.array(state, dtype=np.int64))
+    return rows, steps
+
+
+def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, weight: float,
+                role: str) -> Batch:
+    """Samples with advantages for ``role`` and the rollout metrics of the batch."""
+    rows, steps = step_table(trajectories, role)
+    result = compute_advantages(rows, adv.key, c=weight, eps=adv.eps, drop_constant=adv.drop_constant)
+    samples = [Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs), float(a), float(r))
+               for s, a, r, k in zip(steps, result.advantages, result.rewards, result.keep) if k]
+    kept = result.advantages[result.keep] if len(rows) else np.zeros(0)
+    metrics = rollout_metrics(trajectories)
+    metrics.update({
+        "batch/samples": len(samples), "batch/dropped_samples": result.dropped,
+        "batch/dropped_buckets": result.constant_buckets, "batch/buckets": result.buckets,
+        "batch/singleton_buckets": result.singleton_buckets,
+        "batch/untrainable_steps": sum(len(t.steps) for t in trajectories if t.status != "aborted") - len(rows),
+        "batch/response_tokens": sum(len(s.response_ids) for s in samples),
+        "reward/mean": float(result.rewards.mean()) if len(rows) else 0.0,
+        "advantage/mean": float(kept.mean()) if len(kept) else 0.0,
+        "advantage/std": float(kept.std()) if len(kept) else 0.0,
+    })
+    return Batch(samples, metrics)
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Outcome, judge and episode statistics of a batch of trajectories."""
+    done = [t for t in trajectories if t.status != "aborted"]
+    steps = [s for t in done for s in t.steps]
+    judged = [s for s in steps if s.votes]
+    agreement = [max(s.votes.count(v) for v in set(s.votes)) / len(s.votes) for s in judged]
+    lengths = [len(t.steps) for t in done]
+    return {
+        "episodes": len(trajectories), "aborted": len(trajectories) - len(done),
+        "outcome/mean": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
+        "outcome/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
+        "judge/score_mean": float(np.mean([s.score for s in judged])) if judged else 0.0,
+        "judge/vote_mean": float(np.mean([s.vote_mean for s in judged if s.vote_mean is not None]
+                                         or [0.0])),
+        "judge/vote_agreement": float(np.mean(agreement)) if agreement else 0.0,
+        "judge/errors": sum(s.judge_error is not None for s in steps),
+        "judge/valid_action_rate": float(np.mean([bool(s.next_state.get("valid")) for s in steps]))
+        if steps else 0.0,
+        "episode/length_mean": float(np.mean(lengths)) if lengths else 0.0,
+        "episode/length_max": max(lengths, default=0),
+        "episode/truncated": sum(t.status == "truncated" for t in done),
+    }
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
+    """Right-padded tensors of ``samples`` (prompt + response per row)."""
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    width, resp = max(lengths), max(len(s.response_ids) for s in samples)
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response_ids = torch.full((n, resp), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, resp), dtype=torch.long)
+    old = torch.zeros((n, resp))
+    advantages = torch.zeros((n, resp))
+    start = torch.zeros(n, dtype=torch.long)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attention[i, : p + r] = 1
+        response_ids[i, :r] = torch.tensor(s.response_ids)
+        response_mask[i, :r] = 1
+        old[i, :r] = torch.tensor(s.old_log_probs)
+        advantages[i, :r] = s.advantage
+        start[i] = p
+    return MicroBatch(input_ids, attention, start, response_ids, response_mask, old, advantages)
+
+
+def micro_batches(samples: Sequence[Sample], size: int, pad_id: int) -> list[MicroBatch]:
+    """``samples`` in micro-batches of ``size``, similar lengths together (less padding)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+    return [collate([samples[i] for i in order[k:k + size]], pad_id) for k in range(0, len(order), size)]

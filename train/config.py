@@ -1,0 +1,279 @@
+"""Typed trainer configuration: YAML files under ``configs/`` plus ``key=value`` overrides.
+
+``configs/base.yaml`` holds the defaults shared by every environment;
+``configs/<env>.yaml`` names it in ``inherit:`` and overrides what differs
+(the paper's per-environment settings). A ``cpu_demo:`` section in a file
+holds the overrides the embedded default applies on a laptop-sized machine
+(model ``tiny``). Every key is checked against the dataclasses below, so a
+typo is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ENVS = ("terminal", "toolcall", "swe", "gui")
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message is one line for the user."""
+
+
+@dataclass
+class EnvConfig:
+    """Which environment and how it runs."""
+    family: str = "terminal"
+    tasks: str | None = None          # None: the family's built-in tasks; else a path the env loads
+    max_steps: int = 10
+    step_timeout: float = 30.0
+    sandbox_backend: str = "auto"     # auto | docker | local
+
+
+@dataclass
+class ModelConfig:
+    """The policy model (an HF name, a local path, or ``tiny``)."""
+    name: str = "Qwen/Qwen3-8B"
+    dtype: str = "auto"               # auto | float32 | bfloat16 | float16
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of episodes: tasks x samples per training step."""
+    tasks_per_step: int = 16
+    samples_per_task: int = 8
+    parallel: int = 8                 # concurrent episodes (sandboxes); --parallel
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_response_tokens: int = 8192
+    max_context_tokens: int = 16384
+
+
+@dataclass
+class JudgeConfig:
+    """The step judge: ``policy`` (the policy's own model), ``none``, or an OpenAI-compatible URL."""
+    mode: str = "policy"              # policy | none | url
+    url: str | None = None
+    model: str | None = None          # model name at the URL (default: the first /v1/models entry)
+    votes: int = 1                    # m
+    temperature: float = 0.6
+    max_tokens: int = 1024
+    weight: float = 1.0               # c in R_t = o + c * mean(votes)
+
+
+@dataclass
+class AdvantageConfig:
+    """Grouping key and what to do with buckets that carry no signal."""
+    key: str = "step_index"           # step_index | outcome | state
+    drop_constant: bool = True
+    eps: float = 1e-6
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer and loss (veRL's vanilla PPO loss, low_var_kl KL loss)."""
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.01
+    kl_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    micro_batch_size: int = 4         # samples per forward/backward (gradient accumulation)
+    max_staleness: int = 1            # rollouts run this many steps ahead of training (0: no overlap)
+    role: str = "agent"               # the steps of this role train the model
+
+
+@dataclass
+class RunConfig:
+    """Length, checkpoints and output of a run."""
+    steps: int = 200
+    save_every: int = 10
+    keep_checkpoints: int = 3
+    seed: int = 0
+    output: str = "runs/{env}"
+
+
+@dataclass
+class VerlConfig:
+    """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
+    rollout_engine: str = "vllm"      # vllm | sglang
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.6
+    micro_batch_size_per_gpu: int = 1
+    mini_batch_size: int = 0          # prompts per PPO mini-batch; 0: the whole step (one update per step)
+    param_offload: bool = False
+    agent_workers: int = 8
+    overrides: list[str] = field(default_factory=list)   # raw Hydra overrides for veRL's config
+
+
+@dataclass
+class Config:
+    """The whole trainer configuration."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    verl: VerlConfig = field(default_factory=VerlConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (for printing and saving)."""
+        return dataclasses.asdict(self)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as type ``tp`` (strings from the command line are parsed)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), key)
+    try:
+        if tp is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if tp is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if tp is float:
+            return float(value)
+        if tp is str:
+            return str(value)
+        if origin is list:
+            if isinstance(value, str):
+                value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+            return [_coerce(v, args[0], key) for v in value]
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key}: cannot use {value!r} as {getattr(tp, '__name__', tp)}") from None
+    raise ConfigError(f"config key {key}: unsupported type {tp}")
+
+
+def _apply(obj: Any, data: dict[str, Any], prefix: str = "") -> None:
+    """Set the fields of dataclass ``obj`` from nested ``data``; unknown keys are errors."""
+    hints = typing.get_type_hints(type(obj))
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in hints:
+            known = ", ".join(f.name for f in dataclasses.fields(obj))
+            raise ConfigError(f"unknown config key {name!r} (known{' in ' + prefix[:-1] if prefix else ''}: {known})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {name!r} is a section; give {name}.<field>=...")
+            _apply(current, value, name + ".")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], name))
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A config file with its ``inherit:`` chain resolved (later files win)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping")
+    parent = data.pop("inherit", None)
+    if parent is None:
+        return data
+    return merge(read_yaml((path.parent / parent).resolve()), data)
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge of nested dicts; ``over`` wins."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["train.lr=1e-5", "env.max_steps=3"]`` -> nested dict of raw strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"bad override {item!r}: expected section.key=value")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(f"bad override {item!r}: expected section.key=value")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(env: str, path: str | Path | None = None, overrides: list[str] | None = None,
+                cpu_demo: bool = False) -> Config:
+    """The configuration of ``env``: file (default ``configs/<env>.yaml``), then the
+    file's ``cpu_demo`` section when ``cpu_demo``, then ``overrides``."""
+    if env not in ENVS:
+        raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(ENVS)}")
+    file = Path(path) if path else CONFIG_DIR / f"{env}.yaml"
+    data = read_yaml(file)
+    demo = data.pop("cpu_demo", None) or {}
+    cfg = Config()
+    _apply(cfg, data)
+    if cpu_demo:
+        _apply(cfg, demo)
+    _apply(cfg, parse_overrides(overrides or []))
+    cfg.env.family = env
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A validated :class:`Config` from nested plain data (e.g. ``Config.to_dict()``)."""
+    cfg = Config()
+    _apply(cfg, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Range checks that need no machine state."""
+    checks = [
+        (cfg.rollout.parallel >= 1, f"--parallel must be at least 1, got {cfg.rollout.parallel}"),
+        (cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be at least 1"),
+        (cfg.rollout.samples_per_task >= 1, "rollout.samples_per_task must be at least 1"),
+        (cfg.rollout.max_response_tokens >= 1, "rollout.max_response_tokens must be at least 1"),
+        (cfg.env.max_steps >= 1, "env.max_steps must be at least 1"),
+        (cfg.run.steps >= 0, "run.steps must be non-negative"),
+        (cfg.run.save_every >= 1, "run.save_every must be at least 1"),
+        (cfg.train.micro_batch_size >= 1, "train.micro_batch_size must be at least 1"),
+        (cfg.train.max_staleness >= 0, "train.max_staleness must be non-negative"),
+        (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
+        (cfg.judge.mode in ("policy", "none", "url"), f"judge.mode must be policy, none or url, got {cfg.judge.mode!r}"),
+        (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
+        (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
+        (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
+        (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    from train.advantage import GROUPINGS
+    if cfg.advantage.key not in GROUPINGS:
+        raise ConfigError(f"advantage.key must be one of {', '.join(sorted(GROUPINGS))}, got {cfg.advantage.key!r}")

@@ -1,0 +1,82 @@
+"""The learner: a trainable copy of the policy model, its frozen reference, and AdamW.
+
+Rollouts generate with the serving model inside :class:`~agents.hf_policy.HFPolicy`;
+the learner trains its own copy, so a training step never touches weights a
+generation is reading. :meth:`Learner.publish` then copies the new weights
+into the serving model under the policy's generate lock (between two
+generations). One :meth:`Learner.step` is one optimizer update over the whole
+batch, accumulated over micro-batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from train.batch import Batch, micro_batches
+from train.config import Config
+from train.loss import actor_config, actor_loss, token_log_probs
+
+
+class Learner:
+    """Trains a copy of ``policy.model`` with veRL's PPO loss (see :mod:`train.loss`)."""
+
+    def __init__(self, policy: Any, cfg: Config, reference: Any = None):
+        self.policy, self.cfg = policy, cfg
+        self.model = copy.deepcopy(policy.model).train()
+        self.model.config.use_cache = False
+        self.ref = None
+        if cfg.train.kl_coef > 0:   # the KL anchor: ``reference``, else the policy as it is now
+            self.ref = (reference if reference is not None else copy.deepcopy(policy.model))
+            self.ref.eval().requires_grad_(False)
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
+                                           weight_decay=t.weight_decay)
+        self.actor = actor_config(t, cfg.rollout.samples_per_task)
+        self.temperature = cfg.rollout.temperature or 1.0
+        pad = policy.tokenizer.pad_token_id
+        self.pad_id = 0 if pad is None else pad
+        self.device = next(self.model.parameters()).device
+
+    def step(self, batch: Batch, progress: bool = True) -> dict[str, float]:
+        """One optimizer update on ``batch``; returns loss, KL, clip fraction, entropy, grad norm."""
+        if not batch.samples:
+            return {"train/skipped": 1.0}
+        mbs = micro_batches(batch.samples, self.cfg.train.micro_batch_size, self.pad_id)
+        total_tokens, n = batch.num_tokens, len(batch.samples)
+        sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in tqdm(mbs, desc="training", leave=False, disable=not progress):
+            mb = mb.to(self.device)
+            weight = float(mb.response_mask.sum()) / total_tokens
+            ref_lp = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_lp, _ = token_log_probs(self.ref, mb, self.temperature)
+            log_prob, entropy = token_log_probs(self.model, mb, self.temperature, with_entropy=True,
+                                                entropy_grad=self.actor.entropy_coeff != 0)
+            loss, metrics = actor_loss(self.actor, log_prob, mb, ref_log_prob=ref_lp, entropy=entropy,
+                                       batch_num_tokens=total_tokens, global_batch_size=n)
+            loss.backward()
+            for k, v in metrics.items():   # token-weighted means; pg_loss is already a share of the total
+                sums[k] = sums.get(k, 0.0) + (v if k == "pg_loss" else v * weight)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        out = {f"train/{k}": v for k, v in sums.items()}
+        out["train/grad_norm"] = float(grad_norm)
+        out["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        return out
+
+    def publish(self) -> None:
+        """Copy the trained weights into the serving model, between two generations."""
+        with self.policy.lock, torch.no_grad():
+            for dst, src in zip(self.policy.model.parameters(), self.model.parameters()):
+                dst.copy_(src)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the optimizer state of a checkpoint (``state["optimizer"]``)."""
+        self.optimizer.load_state_dict(state["optimizer"])

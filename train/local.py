@@ -1,0 +1,194 @@
+"""``--backend local``: the whole loop in one process, on CPU or one GPU.
+
+Rollout and training are decoupled and overlap. When the rollout of step k
+is done, the rollouts of the next ``train.max_staleness`` steps start at once
+(episodes in the agent loop's threads, generation in the policy's worker
+thread, judge requests fired in the background as each step lands) while the
+learner trains on step k in its own thread. After each update the learner
+copies its weights into the serving model under the policy's generate lock,
+so later generations use them; a batch is therefore at most
+``max_staleness`` updates behind the weights it trains (its pi_old log-probs
+are the ones recorded at rollout). ``max_staleness=0`` runs strictly in turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from agents.chat import ChatConfig
+from agents.loop import collect, single_role
+from agents.trajectory import Trajectory
+from train import checkpoint
+from train.batch import build_batch
+from train.config import Config, ConfigError
+from train.learner import Learner
+from train.metrics import MetricsLog
+from train.rollout import make_envs, make_judge
+
+log = logging.getLogger(__name__)
+
+Rollout = Callable[[int], Awaitable[list[Trajectory]]]
+
+
+def tasks_for_step(n_tasks: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Task indices of training step ``step`` (0-based): consecutive slices of a fresh
+    seeded permutation per epoch, so the data position is a function of the step."""
+    out: list[int] = []
+    pos = step * per_step
+    while len(out) < per_step:
+        epoch, offset = divmod(pos, n_tasks)
+        order = np.random.default_rng([seed, epoch]).permutation(n_tasks)
+        take = min(per_step - len(out), n_tasks - offset)
+        out.extend(order[offset:offset + take].tolist())
+        pos += take
+    return out
+
+
+async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollout,
+                          train: Callable[[int, list[Trajectory]], dict[str, Any]],
+                          after: Callable[[int, dict[str, Any]], None]) -> None:
+    """Steps ``start..total-1``: roll out, then train while the next ``staleness`` rollouts run.
+
+    ``train`` runs in its own thread; ``after(step, metrics)`` runs in the
+    event loop's thread once the step is trained.
+    """
+    loop = asyncio.get_running_loop()
+    pending: dict[int, asyncio.Task] = {}
+    started: dict[int, float] = {}
+
+    def launch(step: int) -> None:
+        if step < total and step not in pending:
+            started[step] = time.monotonic()
+            pending[step] = asyncio.ensure_future(rollout(step))
+
+    trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+    try:
+        launch(start)
+        for step in range(start, total):
+            trajectories = await pending.pop(step)
+            rollout_s = time.monotonic() - started.pop(step)
+            for ahead in range(1, staleness + 1):
+                launch(step + ahead)
+            t0 = time.monotonic()
+            metrics = await loop.run_in_executor(trainer, train, step, trajectories)
+            metrics.update({"time/rollout_s": rollout_s, "time/train_s": time.monotonic() - t0})
+            if staleness == 0:
+                launch(step + 1)
+            after(step, metrics)
+    finally:
+        for task in pending.values():
+            task.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)
+        trainer.shutdown(wait=True)
+
+
+class LocalTrainer:
+    """Policy, learner, sandbox pool, judge and logs of one local run."""
+
+    def __init__(self, cfg: Config, output: Path, *, resume: bool = False, progress: bool = True):
+        import torch
+
+        from agents.hf_policy import HFPolicy
+
+        self.cfg, self.output, self.progress = cfg, output, progress
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+        ckpt = checkpoint.latest(output) if resume else None
+        self.start = 0
+        source = cfg.model.name
+        if ckpt is not None:
+            source = str(ckpt / "model")
+        try:
+            self.policy = HFPolicy(source, device=device, dtype=dtype, seed=cfg.run.seed,
+                                   max_new_tokens=cfg.rollout.max_response_tokens)
+        except OSError as e:
+            raise ConfigError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
+        if resume and ckpt is None:
+            log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
+        reference = None
+        if ckpt is not None and cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
+            initial = HFPolicy(cfg.model.name, device=device, dtype=dtype, seed=cfg.run.seed)
+            reference = initial.model
+            asyncio.run(initial.aclose())
+        self.learner = Learner(self.policy, cfg, reference=reference)
+        if ckpt is not None:
+            meta, state = checkpoint.load(ckpt)
+            self.learner.load_state_dict(state)
+            self.start = int(meta["step"])
+            log.info("resuming from %s (step %d)", ckpt, self.start)
+        self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
+        self.judge = make_judge(cfg, self.policy)
+        self.pool, self.env_factory, self.tasks = make_envs(cfg)
+
+    # -- one step ------------------------------------------------------------------
+    async def rollout(self, step: int) -> list[Trajectory]:
+        """The episodes of 0-based ``step``: its tasks, ``samples_per_task`` times each."""
+        r = self.cfg.rollout
+        chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
+        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
+        return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
+                             n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
+                             router=single_role(self.cfg.train.role), chat=chat,
+                             sampling={"temperature": r.temperature, "top_p": r.top_p},
+                             batch_tag=f"s{step + 1}", progress=self.progress)
+
+    def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, Any]:
+        """Advantages, one update, weights to the serving model (learner thread)."""
+        batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
+                            role=self.cfg.train.role)
+        metrics = dict(batch.metrics)
+        metrics.update(self.learner.step(batch, progress=self.progress))
+        self.learner.publish()
+        if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
+            self.save(step + 1)
+        return metrics
+
+    def after(self, step: int, metrics: dict[str, Any]) -> None:
+        """Throughput, then metrics to every sink."""
+        now = time.monotonic()
+        wall = now - self._last_done
+        self._last_done = now
+        metrics.update({"time/step_s": wall, "perf/samples_per_s": metrics.get("batch/samples", 0) / wall,
+                        "perf/tokens_per_s": metrics.get("batch/response_tokens", 0) / wall,
+                        "perf/episodes_per_s": metrics.get("episodes", 0) / wall})
+        self.metrics.log(step + 1, metrics)
+        self.bar.update(1)
+        self.bar.set_postfix(outcome=f"{metrics.get('outcome/mean', 0):.2f}",
+                             kl=f"{metrics.get('train/kl', 0):.3g}")
+
+    def save(self, step: int) -> Path:
+        """Checkpoint after ``step`` updates (the next step to run is ``step``)."""
+        meta = {"data_position": step * self.cfg.rollout.tasks_per_step, "config": self.cfg.to_dict()}
+        return checkpoint.save(self.output, step, self.learner.model, self.policy.tokenizer,
+                               self.learner.optimizer.state_dict(),
+                               meta, keep=self.cfg.run.keep_checkpoints)
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        """Train until ``run.steps``; returns the metrics rows of the whole run."""
+        from tqdm.auto import tqdm
+
+        total = self.cfg.run.steps
+        self.bar = tqdm(total=total, initial=min(self.start, total), desc="steps", disable=not self.progress)
+        self._last_done = time.monotonic()
+        try:
+            if self.start < total:
+                asyncio.run(overlapped_loop(self.start, total, self.cfg.train.max_staleness,
+                                            self.rollout, self.train, self.after))
+        finally:
+            self.bar.close()
+            self.close()
+        return self.metrics.rows
+
+    def close(self) -> None:
+        """Release sandboxes, threads and log files."""
+        self.metrics.close()
+        self.pool.close()
+        asyncio.run(self.policy.aclose())

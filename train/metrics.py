@@ -1,0 +1,95 @@
+"""Per-step metrics: ``metrics.jsonl``, TensorBoard, and a PNG of the main curves.
+
+Every :meth:`MetricsLog.log` appends one JSON line ``{"step": k, ...}``,
+writes the scalars to TensorBoard (``<output>/tensorboard``) and redraws
+``<output>/curves.png`` (matplotlib, Agg backend: no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PLOT = "curves.png"
+CURVES = [  # (metric, title) drawn in the PNG, one panel each
+    ("outcome/mean", "outcome (mean)"),
+    ("judge/score_mean", "judge score (mean)"),
+    ("reward/mean", "step reward R_t (mean)"),
+    ("advantage/std", "advantage std"),
+    ("train/kl", "KL to reference"),
+    ("train/clip_frac", "clip fraction"),
+    ("train/entropy", "entropy"),
+    ("episode/length_mean", "episode length"),
+    ("perf/samples_per_s", "throughput (samples/s)"),
+]
+
+
+class MetricsLog:
+    """Appends step metrics to ``metrics.jsonl``, TensorBoard and the curves PNG."""
+
+    def __init__(self, output: str | Path, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.output = Path(output)
+        self.output.mkdir(parents=True, exist_ok=True)
+        self.path = self.output / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = []
+        if self.path.exists() and resume_step is not None:   # forget steps after the checkpoint
+            for line in self.path.read_text().splitlines():
+                row = json.loads(line)
+                if row.get("step", 0) <= resume_step:
+                    self.rows.append(row)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        self.writer = SummaryWriter(str(self.output / "tensorboard"),
+                                    purge_step=None if resume_step is None else resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record the metrics of ``step`` everywhere and refresh the plot."""
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)):
+                self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+        self.plot()
+
+    def plot(self) -> Path:
+        """Redraw the curves PNG from every row so far."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        cols = 3
+        rows = math.ceil(len(CURVES) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+        for ax, (key, title) in zip(axes.flat, CURVES):
+            pts = [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3)
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out = self.output / PLOT
+        tmp = out.with_suffix(".tmp.png")
+        fig.savefig(tmp, dpi=80)
+        plt.close(fig)
+        tmp.replace(out)
+        return out
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _plain(v: Any) -> Any:
+    """JSON-safe scalar (NaN and inf become None)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

@@ -1,0 +1,59 @@
+"""Environments, sandbox pool and step judge of a run, as both backends build them."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from train.config import Config
+
+ENV_IDS = {"terminal": "nextstate/Terminal-v0", "toolcall": "nextstate/ToolCall-v0",
+           "swe": "nextstate/SWE-v0", "gui": "nextstate/GUI-v0"}
+
+
+def env_class(family: str) -> type:
+    """The environment class registered for ``family``."""
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    import envs  # noqa: F401  (registers the ids)
+
+    entry = gymnasium.spec(ENV_IDS[family]).entry_point
+    return load_env_creator(entry) if isinstance(entry, str) else entry
+
+
+def load_tasks(cfg: Config) -> list[Any]:
+    """The tasks of the configured environment (no sandbox is started)."""
+    env = env_class(cfg.env.family)(tasks=cfg.env.tasks)
+    try:
+        return list(env.tasks)
+    finally:
+        env.close()
+
+
+def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
+    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``), a factory of envs
+    leasing from it, and the env's task list."""
+    from envs.pool import SandboxPool
+
+    cls = env_class(cfg.env.family)
+    pool = SandboxPool(cls.image, size=pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
+
+    def factory() -> Any:
+        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout)
+
+    return pool, factory, load_tasks(cfg)
+
+
+def make_judge(cfg: Config, policy: Any) -> Any:
+    """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
+    server (mode ``url``), or None (mode ``none``)."""
+    from judges.prm import StepJudge
+
+    j = cfg.judge
+    if j.mode == "none":
+        return None
+    backend = policy
+    if j.mode == "url":
+        from agents.openai_policy import OpenAIPolicy
+        backend = OpenAIPolicy(j.url, model=j.model)
+    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)

@@ -1,0 +1,81 @@
+"""Step advantages on a veRL ``DataProto``, with the shared :func:`train.advantage.compute_advantages`.
+
+veRL 0.9.1's advantage estimators see only the prompt ``uid``, not the step
+index or the judge's votes, so the ``nextstate`` trainer mode calls this
+instead. The per-step facts travel from the agent loop in ``extra_fields``,
+which veRL lays out as ``non_tensor_batch`` columns (the ``FIELD_*`` names
+below); the task group is veRL's own ``uid`` (the n rollouts of one prompt).
+
+Rows that are veRL padding (``is_padding``), that carry no response token,
+or that come from an aborted episode get advantage 0 and an all-zero
+response mask; so do the members of constant buckets when those are
+dropped. A zero response mask removes a row from veRL's token-mean loss (and
+from its token count), which is how a row is dropped from a batch whose size
+veRL has already fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from verl.protocol import DataProto
+
+from train.advantage import StepRows, compute_advantages
+
+FIELD_STEP = "nextstate_step"
+FIELD_OUTCOME = "nextstate_outcome"
+FIELD_VOTE_MEAN = "nextstate_vote_mean"
+FIELD_STATE = "nextstate_state"
+FIELD_EPISODE = "nextstate_episode"
+FIELD_ABORTED = "nextstate_aborted"
+FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED)
+
+
+def _column(nt: dict[str, np.ndarray], name: str, n: int, default: Any) -> np.ndarray:
+    values = nt.get(name)
+    if values is None:
+        return np.full(n, default, dtype=object)
+    return np.array([default if v is None else v for v in values], dtype=object)
+
+
+def step_advantages(data: DataProto, *, key: str = "step_index", weight: float = 1.0, eps: float = 1e-6,
+                    drop_constant: bool = True) -> tuple[DataProto, dict[str, float]]:
+    """Set ``advantages``, ``returns`` and ``response_mask`` of ``data``; returns metrics.
+
+    Needs ``batch["response_mask"]`` and ``non_tensor_batch["uid"]`` plus the
+    ``FIELD_*`` columns (``is_padding`` optional).
+    """
+    nt = data.non_tensor_batch
+    mask = data.batch["response_mask"]
+    n = mask.shape[0]
+    padding = _column(nt, "is_padding", n, False).astype(bool)
+    aborted = _column(nt, FIELD_ABORTED, n, False).astype(bool)
+    valid = ~padding & ~aborted & (mask.sum(-1) > 0).cpu().numpy()
+    rows = StepRows(group=_column(nt, "uid", n, "")[valid].astype(str),
+                    step=_column(nt, FIELD_STEP, n, 0)[valid].astype(np.int64),
+                    outcome=_column(nt, FIELD_OUTCOME, n, 0.0)[valid].astype(np.float64),
+                    vote_mean=_column(nt, FIELD_VOTE_MEAN, n, np.nan)[valid].astype(np.float64),
+                    state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64))
+    result = compute_advantages(rows, key, c=weight, eps=eps, drop_constant=drop_constant)
+    adv = np.zeros(n)
+    keep = np.zeros(n, dtype=bool)
+    adv[valid], keep[valid] = result.advantages, result.keep
+    new_mask = mask * torch.as_tensor(keep, device=mask.device)[:, None].to(mask.dtype)
+    advantages = torch.as_tensor(adv, dtype=torch.float32, device=mask.device)[:, None] * new_mask
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = advantages.clone()
+    data.batch["response_mask"] = new_mask
+    episodes = _column(nt, FIELD_EPISODE, n, "")
+    kept = result.advantages[result.keep]
+    metrics = {
+        "nextstate/samples": int(keep.sum()), "nextstate/dropped_samples": result.dropped,
+        "nextstate/dropped_buckets": result.constant_buckets, "nextstate/buckets": result.buckets,
+        "nextstate/aborted_episodes": len(set(episodes[aborted & ~padding].tolist())),
+        "nextstate/reward_mean": float(result.rewards.mean()) if len(rows) else 0.0,
+        "nextstate/step_outcome_mean": float(rows.outcome.mean()) if len(rows) else 0.0,
+        "nextstate/advantage_mean": float(kept.mean()) if len(kept) else 0.0,
+        "nextstate/advantage_std": float(kept.std()) if len(kept) else 0.0,
+    }
+    return data, metrics

@@ -1,0 +1,173 @@
+"""``python -m train --backend verl``: veRL's Hydra config from ours, the task data, the Ray launch.
+
+The config is veRL's own ``ppo_trainer`` composed with Hydra and overridden
+from :class:`train.config.Config` (FSDP actor and reference, vLLM or SGLang
+rollout, n samples per task, lengths, clip 0.2/0.28, KL loss 0.01
+``low_var_kl``, constant lr, AdamW betas and weight decay), the V1 trainer
+in the ``nextstate`` mode, the ``nextstate`` agent loop as the default, and
+our whole config under a ``nextstate`` key for the agent loop and trainer.
+``verl.overrides`` adds raw Hydra overrides last. It is checked with veRL's
+own ``validate_config`` and its config dataclasses before anything starts.
+
+The task data veRL reads is one parquet file of rows
+``{data_source, prompt, agent_name, extra_info: {index, task_id}}``; the
+agent loop looks the task up by id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from train.config import Config, ConfigError
+from train.rollout import load_tasks
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLUGIN_MODULE = "train.verl_backend.plugin"
+
+
+def data_path(cfg: Config) -> Path:
+    """Where the run's task parquet goes."""
+    return Path(cfg.run.output).resolve() / "data" / "tasks.parquet"
+
+
+def write_task_data(tasks: list[Any], path: Path, family: str) -> Path:
+    """The parquet file veRL's dataset reads: one row per task."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": f"nextstate/{family}", "agent_name": "nextstate",
+             "prompt": [{"role": "user", "content": t.instruction}],
+             "reward_model": {"style": "env", "ground_truth": ""},
+             "extra_info": {"index": i, "task_id": t.id}} for i, t in enumerate(tasks)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(path)
+    return path
+
+
+def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
+    """veRL config overrides that carry our settings."""
+    r, t, v = cfg.rollout, cfg.train, cfg.verl
+    out = Path(cfg.run.output).resolve()
+    data = data_path(cfg)
+    prompt_len = max(1, r.max_context_tokens - r.max_response_tokens)
+    epochs = math.ceil(cfg.run.steps * r.tasks_per_step / max(1, n_tasks)) + 1
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    return [
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+        f"data.train_files={data}", f"data.val_files={data}",
+        f"data.train_batch_size={r.tasks_per_step}",
+        f"data.max_prompt_length={prompt_len}", f"data.max_response_length={r.max_response_tokens}",
+        "data.return_raw_chat=true", "data.filter_overlong_prompts=false", "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={cfg.model.name}",
+        f"{actor}.optim.lr={t.lr}", f"{actor}.optim.weight_decay={t.weight_decay}",
+        f"{actor}.optim.betas=[{t.betas[0]},{t.betas[1]}]", f"{actor}.optim.lr_scheduler_type=constant",
+        f"{actor}.optim.clip_grad={t.grad_clip}",
+        f"{actor}.clip_ratio={t.clip_low}", f"{actor}.clip_ratio_low={t.clip_low}",
+        f"{actor}.clip_ratio_high={t.clip_high}", f"{actor}.policy_loss.loss_mode=vanilla",
+        f"{actor}.use_kl_loss={str(t.kl_coef > 0).lower()}", f"{actor}.kl_loss_coef={t.kl_coef}",
+        f"{actor}.kl_loss_type={t.kl_type}", f"{actor}.entropy_coeff={t.entropy_coef}",
+        f"{actor}.loss_agg_mode={t.loss_agg_mode}", f"{actor}.ppo_epochs=1",
+        f"{actor}.ppo_mini_batch_size={v.mini_batch_size or r.tasks_per_step}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"{actor}.fsdp_config.param_offload={str(v.param_offload).lower()}",
+        f"{actor}.fsdp_config.optimizer_offload={str(v.param_offload).lower()}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"actor_rollout_ref.ref.fsdp_config.param_offload={str(v.param_offload).lower()}",
+        f"{rollout}.name={v.rollout_engine}", f"{rollout}.mode=async", f"{rollout}.n={r.samples_per_task}",
+        f"{rollout}.temperature={r.temperature}", f"{rollout}.top_p={r.top_p}",
+        f"{rollout}.prompt_length={prompt_len}", f"{rollout}.response_length={r.max_response_tokens}",
+        f"{rollout}.tensor_model_parallel_size={v.tensor_parallel_size}",
+        f"{rollout}.gpu_memory_utilization={v.gpu_memory_utilization}",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
+        f"{rollout}.calculate_log_probs=true",
+        f"{rollout}.agent.default_agent_loop=nextstate", f"{rollout}.agent.num_workers={v.agent_workers}",
+        "trainer.use_v1=true", "trainer.v1.trainer_mode=nextstate",
+        f"trainer.total_training_steps={cfg.run.steps}", f"trainer.total_epochs={epochs}",
+        f"trainer.save_freq={cfg.run.save_every}", f"trainer.max_actor_ckpt_to_keep={cfg.run.keep_checkpoints}",
+        f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.resume_mode={'auto' if resume else 'disable'}",
+        "trainer.logger=[console,tensorboard]", "trainer.project_name=nextstate",
+        f"trainer.experiment_name={cfg.env.family}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        f"trainer.nnodes={v.nnodes}", f"trainer.n_gpus_per_node={v.n_gpus_per_node}",
+        *v.overrides,
+    ]
+
+
+def compose(cfg: Config, n_tasks: int, resume: bool = False) -> Any:
+    """veRL's ``ppo_trainer`` config with our overrides and ``nextstate`` section, validated."""
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            config = hydra_compose(config_name="ppo_trainer", overrides=hydra_overrides(cfg, n_tasks, resume))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"veRL config: {str(e).splitlines()[0]}") from None
+    OmegaConf.set_struct(config, False)
+    config.nextstate = {k: v for k, v in cfg.to_dict().items() if k != "verl"}
+    env_vars = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+                "TENSORBOARD_DIR": str(Path(cfg.run.output).resolve() / "tensorboard")}
+    config.ray_kwargs.ray_init.runtime_env.env_vars = env_vars
+    OmegaConf.set_struct(config, True)
+    validate(config)
+    return config
+
+
+def validate(config: Any) -> None:
+    """veRL's own checks: ``validate_config`` and its actor/rollout/algorithm dataclasses."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # "critic disabled": intended, GRPO-style
+            validate_config(config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
+        omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+        omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+        omega_conf_to_dataclass(config.algorithm)
+    except (AssertionError, ValueError, TypeError) as e:
+        raise ConfigError(f"veRL rejected the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
+    """Print the composed config (``dry_run``) or write the data and run veRL's trainer on Ray."""
+    from omegaconf import OmegaConf
+
+    tasks = load_tasks(cfg)
+    config = compose(cfg, len(tasks), resume)
+    if dry_run:
+        print(OmegaConf.to_yaml(config), end="")
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        raise ConfigError("the verl backend needs GPUs and none is visible; use --backend local, or --dry-run")
+    write_task_data(tasks, data_path(cfg), cfg.env.family)
+    os.environ.update(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    try:
+        import train.verl_backend.trainer  # noqa: F401  (registers the agent loop and trainer mode here too)
+        from train.verl_backend import agent_loop  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"the verl backend needs veRL's agent-loop and TransferQueue stack ({e}); "
+                          "install the gpu extra") from None
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.utils.device import auto_set_device
+
+    auto_set_device(config)
+    print(f"nextstate train: launching veRL on {cfg.verl.nnodes}x{cfg.verl.n_gpus_per_node} GPUs, "
+          f"output {cfg.run.output}", file=sys.stderr)
+    run_ppo(config, task_runner_class=TaskRunnerV1)
+    return 0

@@ -1,0 +1,18 @@
+"""What veRL's ``verl.plugins`` entry point loads: importing it registers
+
+* the ``nextstate`` agent loop (:mod:`train.verl_backend.agent_loop`), and
+* the ``nextstate`` trainer mode (:mod:`train.verl_backend.trainer`), which
+  needs veRL's TransferQueue trainer stack (``transfer_queue``); without it
+  only the agent loop is registered.
+
+veRL imports every ``verl.plugins`` entry point at ``import verl`` (in the
+driver and in each Ray worker); ``launch`` also names this module in
+``VERL_USE_EXTERNAL_MODULES`` for runs from a source checkout.
+"""
+
+import importlib.util
+
+from train.verl_backend import agent_loop  # noqa: F401  (registers the agent loop)
+
+if importlib.util.find_spec("transfer_queue") is not None:
+    from train.verl_backend import trainer  # noqa: F401  (registers the trainer mode)

@@ -1,0 +1,75 @@
+"""The ``nextstate`` trainer mode: veRL's synchronous PPO trainer with step-level advantages.
+
+Registered with ``verl.trainer.ppo.v1.register_trainer`` and selected by
+``trainer.v1.trainer_mode=nextstate``. Everything is veRL's ``sync`` trainer
+(the mode reports itself as ``sync`` to the code that branches on it) except
+:meth:`NextStateTrainer._compute_advantage`: it reads the agent loop's
+per-step fields from TransferQueue, runs
+:func:`train.verl_backend.advantage.step_advantages` on a ``DataProto`` and
+writes ``advantages``, ``returns`` and the (possibly zeroed) response and
+loss masks back. The settings come from the ``nextstate`` section of the
+config (see :mod:`train.verl_backend.launch`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.protocol import DataProto
+from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.workers.utils.padding import response_to_nested
+
+from train.verl_backend.advantage import FIELDS, step_advantages
+
+MODE = "nextstate"
+
+
+def advantage_settings(config: Any) -> dict[str, Any]:
+    """Keyword arguments of :func:`step_advantages` from the ``nextstate`` config section."""
+    ns = config.nextstate
+    return {"key": ns.advantage.key, "weight": float(ns.judge.weight), "eps": float(ns.advantage.eps),
+            "drop_constant": bool(ns.advantage.drop_constant)}
+
+
+def fields_to_dataproto(fetched: TensorDict, tags: list[dict]) -> DataProto:
+    """A ``DataProto`` with the response mask, ``uid``, ``is_padding`` and the ``FIELD_*`` columns."""
+    padded = fetched.select("response_mask").to_padded_tensor()
+    extras = list(fetched["extra_fields"])
+    n = len(extras)
+    columns = {name: np.array([(e or {}).get(name) for e in extras], dtype=object) for name in FIELDS}
+    columns["uid"] = np.array(list(fetched["uid"]), dtype=object)
+    columns["is_padding"] = np.array([bool(t.get("is_padding", False)) for t in tags], dtype=object)
+    return DataProto(batch=TensorDict({"response_mask": padded["response_mask"]}, batch_size=n),
+                     non_tensor_batch=columns)
+
+
+@register_trainer(MODE)
+class NextStateTrainer(PPOTrainerSync):
+    """veRL's sync PPO trainer; advantages from the step rows (see module docstring)."""
+
+    @property
+    def trainer_mode(self) -> str:
+        """veRL branches on ``trainer_mode == "sync"``; this mode is synchronous."""
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        """The configured name (``nextstate``) only selects this class."""
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                  select_fields=["uid", "response_mask", "extra_fields"])
+        data = fields_to_dataproto(fetched, batch.tags)
+        data, adv_metrics = step_advantages(data, **advantage_settings(self.config))
+        metrics.update(adv_metrics)
+        nested_mask = fetched["response_mask"]
+        out = {name: response_to_nested(data.batch[src], nested_mask)
+               for name, src in (("advantages", "advantages"), ("returns", "returns"),
+                                 ("response_mask", "response_mask"), ("loss_mask", "response_mask"))}
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                        fields=TensorDict(out, batch_size=len(batch)))
+        return batch
