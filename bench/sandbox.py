@@ -7,8 +7,10 @@
   ``docker_exec_api_ms_p50`` through the engine API without the CLI;
 - ``lease_ms_p50``: leasing from a warm pool; ``cold_start_ms_p50``: a plain
   ``docker run`` of the same image until the command has run;
-- ``parallel`` sandboxes alive at once, all stepping together:
-  ``parallel_steps_per_s``, ``parallel_step_ms_p99``;
+- ``parallel`` sandboxes alive at once, all stepping back to back (a
+  saturation test: ``parallel_steps_per_s``, ``parallel_step_ms_p99``), and
+  each stepping once per ``--pace`` seconds as agents waiting on a model do
+  (``paced_step_ms_p99``);
 - ``idle_rss_mb_per_sandbox``: resident memory of an idle sandbox's processes
   on the host (its container's processes and its containerd shim).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import threading
@@ -89,6 +92,8 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=128)
     ap.add_argument("--steps", type=int, default=300, help="sequential steps timed")
     ap.add_argument("--parallel-rounds", type=int, default=20)
+    ap.add_argument("--pace", type=float, default=0.5,
+                    help="seconds between one sandbox's steps in the paced run")
     ap.add_argument("--image", default="nextstate/terminal:latest")
     args = ap.parse_args()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
@@ -130,33 +135,48 @@ def main() -> None:
         res["lease_ms_p50"] = ms(leases, .5)
         boxes = [pool.lease() for _ in range(args.parallel)]
         res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[:16]), 2)
-        say(f"{args.parallel} sandboxes stepping at once ...")
-        lat: list[float] = []
-        lock = threading.Lock()
-        barrier = threading.Barrier(len(boxes) + 1)
 
-        def worker(b) -> None:
-            mine = []
+        def stepping(pace: float) -> tuple[list[float], float]:
+            """Every sandbox steps ``parallel_rounds`` times, back to back (pace 0)
+            or once per ``pace`` seconds from a random phase, as agents waiting
+            on a model do."""
+            lat: list[float] = []
+            lock = threading.Lock()
+            barrier = threading.Barrier(len(boxes) + 1)
+
+            def worker(b, phase: float) -> None:
+                mine = []
+                barrier.wait()
+                start = time.perf_counter() + phase
+                for i in range(args.parallel_rounds):
+                    if pace:
+                        time.sleep(max(0.0, start + i * pace - time.perf_counter()))
+                    t = time.perf_counter()
+                    b.run("true")
+                    mine.append(time.perf_counter() - t)
+                with lock:
+                    lat.extend(mine)
+
+            threads = [threading.Thread(target=worker, args=(b, random.random() * pace))
+                       for b in boxes]
+            for th in threads:
+                th.start()
             barrier.wait()
-            for _ in range(args.parallel_rounds):
-                t = time.perf_counter()
-                b.run("true")
-                mine.append(time.perf_counter() - t)
-            with lock:
-                lat.extend(mine)
+            t = time.perf_counter()
+            for th in threads:
+                th.join()
+            return lat, time.perf_counter() - t
 
-        threads = [threading.Thread(target=worker, args=(b,)) for b in boxes]
-        for th in threads:
-            th.start()
-        barrier.wait()
-        t = time.perf_counter()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - t
+        say(f"{args.parallel} sandboxes stepping back to back ...")
+        lat, wall = stepping(0.0)
+        say(f"{args.parallel} sandboxes stepping once per {args.pace}s each ...")
+        paced, _ = stepping(args.pace)
         for b in boxes:
             pool.release(b)
     res.update(parallel=args.parallel, parallel_steps_per_s=round(len(lat) / wall, 1),
-               parallel_step_ms_p50=ms(lat, .5), parallel_step_ms_p99=ms(lat, .99))
+               parallel_step_ms_p50=ms(lat, .5), parallel_step_ms_p99=ms(lat, .99),
+               paced_interval_s=args.pace, paced_step_ms_p50=ms(paced, .5),
+               paced_step_ms_p99=ms(paced, .99))
     res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
     res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)
     if not args.json:
