@@ -1,0 +1,457 @@
+"""OSWorld tasks on the desktop container: the controller client, the task loader and the setup steps.
+
+* :class:`DesktopClient` talks to the container's controller
+  (``containers/desktop/controller.py``, OSWorld's VM-server protocol) through
+  the sandbox's shell: every request is a ``curl`` to 127.0.0.1 inside the
+  container, so the desktop needs no network and no published port.
+* :func:`load_tasks` reads OSWorld task JSON (a directory of
+  ``examples/<domain>/<id>.json``, a ``test_all.json`` index or one file).
+  Each task carries :func:`unsupported` reasons: what the desktop container
+  cannot honour (an application it lacks, a download with no network, root,
+  an unknown setup step, getter or metric). Such a task is *skipped with the
+  reason*, never graded. :func:`support_report` counts them.
+* :func:`run_config` performs a task's ``config`` (and an evaluator's
+  ``postconfig``) steps.
+
+Grading (getters and metrics) lives in :mod:`envs.osworld_eval`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import json
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import urlparse
+
+from envs.base import Task
+from envs.sandbox import Sandbox
+
+CONTROLLER_PORT = 5000
+HOME = "/home/user"  # OSWorld's paths; the image links it to the agent's home
+# Applications of OSWorld's Ubuntu image that the desktop container does not have.
+MISSING_APPS = {"gimp", "libreoffice_calc", "libreoffice_impress", "libreoffice_writer", "vlc",
+                "vs_code", "vscode", "thunderbird"}
+# Programs OSWorld tasks call that the desktop container lacks (GNOME, audio, office, root).
+MISSING_PROGRAMS = {
+    "sudo": "needs root (sudo)", "su": "needs root (su)", "apt": "needs root and network (apt)",
+    "apt-get": "needs root and network (apt-get)", "snap": "needs snap", "gsettings": "needs GNOME (gsettings)",
+    "dconf": "needs GNOME (dconf)", "gnome-terminal": "needs GNOME (gnome-terminal)",
+    "gnome-control-center": "needs GNOME", "nautilus": "needs app: nautilus",
+    "timedatectl": "needs systemd (timedatectl)", "systemctl": "needs systemd",
+    "pactl": "needs audio (pactl)", "pulseaudio": "needs audio (pulseaudio)",
+    "libreoffice": "needs app: libreoffice", "soffice": "needs app: libreoffice",
+    "gimp": "needs app: gimp", "vlc": "needs app: vlc", "code": "needs app: vs_code",
+    "thunderbird": "needs app: thunderbird", "xdg-open": "needs xdg-open", "xclip": "needs xclip",
+}
+CONFIG_STEPS = {"launch", "open", "execute", "command", "sleep", "activate_window", "close_window",
+                "chrome_open_tabs", "chrome_close_tabs"}
+NETWORK_STEPS = {"download": "needs network (download)", "googledrive": "needs network (Google Drive)",
+                 "login": "needs network (login)"}
+LOCAL_HOSTS = {"localhost", "127.0.0.1", ""}
+
+
+class DesktopError(RuntimeError):
+    """The controller answered with an error (or not at all)."""
+
+
+class TaskUnsupported(RuntimeError):
+    """This desktop cannot run the task; ``reason`` says why. Report the task as skipped."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---- the controller client ------------------------------------------------------------
+
+
+class DesktopClient:
+    """The container's controller, reached with ``curl`` through the sandbox's shell."""
+
+    OUT = "/tmp/.nextstate-controller-reply"
+
+    def __init__(self, sandbox: Sandbox, port: int = CONTROLLER_PORT):
+        self.sandbox, self.port = sandbox, port
+
+    def request(self, method: str, path: str, payload: Any = None, timeout: float = 60) -> tuple[int, bytes]:
+        """One HTTP request; the status and the body."""
+        data = ""
+        if payload is not None:
+            b64 = base64.b64encode(json.dumps(payload).encode()).decode()
+            data = f"printf %s {b64} | base64 -d | "
+        body_opts = "-H 'Content-Type: application/json' --data-binary @- " if payload is not None else ""
+        cmd = (f"{data}curl -sS -m {timeout:g} -X {method} {body_opts}-o {self.OUT} -w '%{{http_code}}' "
+               f"http://127.0.0.1:{self.port}{shlex.quote(path)}")
+        r = self.sandbox.run(cmd, timeout=timeout + 5)
+        try:
+            code = int(r.stdout.strip()[-3:])
+        except ValueError:
+            code = 0
+        if code == 0:
+            raise DesktopError(f"{method} {path}: the controller did not answer: {r.output.strip()[:300]}")
+        try:
+            body = self.sandbox.read_file(self.OUT)
+        except FileNotFoundError:
+            body = b""
+        return code, body
+
+    def call(self, method: str, path: str, payload: Any = None, timeout: float = 60) -> Any:
+        """A request that must succeed; JSON answers decoded, others as text."""
+        code, body = self.request(method, path, payload, timeout)
+        if code != 200:
+            raise DesktopError(f"{method} {path} -> {code}: {body.decode(errors='replace')[:500]}")
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body.decode(errors="replace")
+
+    # -- lifecycle --
+    def start(self, width: int, height: int, timeout: float = 30) -> None:
+        """Starts Xvfb, the window manager and the controller unless they answer already."""
+        probe = f"curl -s -m 1 -o /dev/null http://127.0.0.1:{self.port}/platform"
+        if self.sandbox.run(probe, timeout=5).exit_code == 0:
+            return
+        self.sandbox.run(f"SCREEN_SIZE={width}x{height} CONTROLLER_PORT={self.port} "
+                         "setsid -f nextstate-desktop >/tmp/desktop.log 2>&1", timeout=10)
+        deadline = time.monotonic() + timeout
+        while self.sandbox.run(probe, timeout=5).exit_code != 0:
+            if time.monotonic() > deadline:
+                log = self.sandbox.run("tail -20 /tmp/desktop.log /tmp/xvfb.log", timeout=5).output
+                raise DesktopError(f"the desktop did not start in {timeout:g}s:\n{log}")
+            time.sleep(0.1)
+
+    # -- OSWorld's endpoints --
+    def screenshot(self) -> bytes:
+        code, body = self.request("GET", "/screenshot")
+        if code != 200:
+            raise DesktopError(f"screenshot failed ({code}): {body[:300]!r}")
+        return body
+
+    def screen_size(self) -> tuple[int, int]:
+        size = self.call("GET", "/screen_size")
+        return int(size["width"]), int(size["height"])
+
+    def execute(self, command: str | list[str], shell: bool = False, timeout: float = 120) -> dict[str, Any]:
+        return self.call("POST", "/execute", {"command": command, "shell": shell, "timeout": timeout},
+                         timeout=timeout + 5)
+
+    def run_python(self, code: str, timeout: float = 60) -> dict[str, Any]:
+        return self.call("POST", "/run_python", {"code": code, "timeout": timeout}, timeout=timeout + 5)
+
+    def launch(self, command: str | list[str], shell: bool = False) -> None:
+        self.call("POST", "/setup/launch", {"command": command, "shell": shell})
+
+    def open_file(self, path: str, window_name: str | None = None, timeout: float = 30) -> None:
+        self.call("POST", "/setup/open_file", {"path": path, "window_name": window_name,
+                                                "timeout_seconds": timeout}, timeout=timeout + 5)
+
+    def window(self, action: str, name: str, strict: bool = False, by_class: bool = False) -> bool:
+        """``action`` is ``activate`` or ``close``; whether a window matched."""
+        code, _ = self.request("POST", f"/setup/{action}_window",
+                               {"window_name": name, "strict": strict, "by_class": by_class})
+        return code == 200
+
+    def upload(self, path: str, data: bytes) -> None:
+        self.call("POST", "/setup/upload", {"file_path": path,
+                                            "data_b64": base64.b64encode(data).decode()})
+
+    def get_file(self, path: str) -> bytes | None:
+        """A file's bytes, or None when it does not exist."""
+        code, body = self.request("POST", "/file", {"file_path": path})
+        return body if code == 200 else None
+
+    def accessibility(self) -> str:
+        return self.call("GET", "/accessibility")["AT"]
+
+    def list_directory(self, path: str) -> dict[str, Any]:
+        return self.call("POST", "/list_directory", {"path": path})
+
+    # -- Chromium --
+    def tabs(self) -> list[dict[str, Any]]:
+        return self.call("GET", "/browser/tabs")
+
+    def open_tabs(self, urls: list[str]) -> None:
+        self.call("POST", "/browser/open", {"urls": urls}, timeout=90)
+
+    def close_tabs(self, urls: list[str]) -> None:
+        self.call("POST", "/browser/close", {"urls": urls})
+
+    def eval_js(self, expression: str, tab: str = "active") -> Any:
+        return self.call("POST", "/browser/eval", {"expression": expression, "tab": tab})["result"]
+
+    def locate(self, selector: str) -> dict[str, Any]:
+        """Screen box of the first element matching a CSS selector in the active tab."""
+        return self.call("POST", "/browser/locate", {"selector": selector})
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def load_tasks(source: str | Path) -> list[Task]:
+    """OSWorld tasks from a directory, a ``test_all.json``-style index or one task file.
+
+    A directory is read through its ``test_all.json`` when it has one, else
+    every ``examples/<domain>/*.json`` (or ``<domain>/*.json``) below it.
+    A task's id is its file name without ``.json`` (as in OSWorld's index). Each
+    :class:`~envs.base.Task` has ``category`` = domain and ``data`` =
+    ``{"osworld": <the JSON>, "domain", "path", "skip": <reason or None>}``.
+    """
+    path = Path(source)
+    if path.is_dir():
+        index = path / "test_all.json"
+        if index.is_file():
+            return load_tasks(index)
+        base = path / "examples" if (path / "examples").is_dir() else path
+        files = [(f.parent.name, f) for f in sorted(base.glob("*/*.json"))]
+        files += [("", f) for f in sorted(base.glob("*.json"))]
+    elif path.is_file():
+        doc = json.loads(path.read_text())
+        if _is_index(doc):
+            root = path.parent / "examples" if (path.parent / "examples").is_dir() else path.parent
+            files = [(domain, root / domain / f"{tid}.json") for domain, ids in doc.items() for tid in ids]
+        else:
+            files = [(path.parent.name, path)]
+    else:
+        raise FileNotFoundError(f"no OSWorld tasks at {path}")
+    tasks, seen = [], set()
+    for domain, file in files:
+        doc = json.loads(file.read_text())
+        if not isinstance(doc, dict) or "instruction" not in doc or "evaluator" not in doc:
+            continue
+        reasons = unsupported(doc)
+        tid = file.stem if file.stem not in seen else f"{domain}/{file.stem}"  # OSWorld names tasks by file
+        seen.add(tid)
+        tasks.append(Task(id=tid, instruction=doc["instruction"],
+                          category=domain or (doc.get("snapshot") or "osworld"),
+                          data={"osworld": doc, "domain": domain, "path": str(file),
+                                "skip": reasons[0] if reasons else None, "reasons": reasons}))
+    return tasks
+
+
+def _is_index(doc: Any) -> bool:
+    return isinstance(doc, dict) and bool(doc) and all(
+        isinstance(v, list) and all(isinstance(i, str) for i in v) for v in doc.values())
+
+
+# ---- what the desktop container can honour ---------------------------------------------
+
+
+def unsupported(task: dict[str, Any]) -> list[str]:
+    """Why this desktop cannot run an OSWorld task (empty: it can). The first reason is the main one."""
+    from envs.osworld_eval import GETTERS, METRICS, NETWORK_GETTERS
+
+    reasons: list[str] = []
+    add = lambda r: reasons.append(r) if r not in reasons else None  # noqa: E731
+    for app in task.get("related_apps") or []:
+        if app in MISSING_APPS:
+            add(f"needs app: {'vs_code' if app == 'vscode' else app}")
+    ev = task.get("evaluator") or {}
+    for step in list(task.get("config") or []) + list(ev.get("postconfig") or []):
+        for r in _step_problems(step):
+            add(r)
+    funcs = ev.get("func")
+    for func in funcs if isinstance(funcs, list) else [funcs]:
+        if func not in METRICS:
+            add(f"unsupported metric: {func}")
+    for key in ("result", "expected"):
+        specs = ev.get(key)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            if not spec:
+                continue
+            kind = spec.get("type")
+            if kind in NETWORK_GETTERS:
+                add(f"needs network (getter {kind})")
+            elif kind not in GETTERS:
+                add(f"unsupported getter: {kind}")
+            elif kind in ("vm_command_line", "vm_command_error"):
+                for r in _command_problems(spec.get("command")):
+                    add(r)
+    return reasons
+
+
+def _step_problems(step: dict[str, Any]) -> list[str]:
+    kind, params = step.get("type"), step.get("parameters") or {}
+    if kind in NETWORK_STEPS:
+        return [NETWORK_STEPS[kind]]
+    if kind not in CONFIG_STEPS:
+        return [f"unsupported setup step: {kind}"]
+    if kind in ("launch", "execute", "command"):
+        return _command_problems(params.get("command"))
+    if kind == "chrome_open_tabs":
+        remote = [u for u in params.get("urls_to_open") or [] if not is_local_url(u)]
+        return ["needs network (opens web sites)"] if remote else []
+    if kind == "open" and not str(params.get("path", "")).lower().endswith((".html", ".htm")):
+        return [f"needs an application to open {Path(str(params.get('path'))).name}"]
+    return []
+
+
+def is_local_url(url: str) -> bool:
+    """Whether a URL needs no network (file:, about:, chrome:, data:, localhost)."""
+    parts = urlparse(url if "://" in url or url.startswith(("about:", "data:")) else "http://" + url)
+    return parts.scheme in ("file", "about", "chrome", "data") or parts.hostname in LOCAL_HOSTS
+
+
+_PREFIXES = {"export", "exec", "time", "timeout", "nohup", "env", "nice", "then", "do", "else", "if",
+             "while", "!"}
+
+
+def program_names(command: Any) -> list[str]:
+    """The programs a command (argv list or shell text) starts, as far as simple parsing tells."""
+    if isinstance(command, list):
+        return [Path(str(command[0])).name] if command else []
+    names = []
+    for part in re.split(r"\|\||&&|[;|&\n(`]|\$\(", str(command or "")):
+        words = part.strip().split()
+        while words and (re.match(r"^\w+=", words[0]) or words[0] in _PREFIXES or
+                         re.fullmatch(r"[\d.]+[smh]?|-\w+", words[0])):
+            words = words[1:]
+        if words:
+            names.append(Path(words[0]).name)
+    return names
+
+
+def _command_problems(command: Any) -> list[str]:
+    reasons = [MISSING_PROGRAMS[p] for p in program_names(command) if p in MISSING_PROGRAMS]
+    if "{CLIENT_PASSWORD}" in json.dumps(command) and "needs root (sudo)" not in reasons:
+        reasons.append("needs root (sudo)")
+    return reasons
+
+
+def support_report(tasks: Iterable[Task]) -> dict[str, Any]:
+    """How many tasks are runnable and how many are skipped, by reason and by domain."""
+    tasks = list(tasks)
+    by_reason: collections.Counter[str] = collections.Counter()
+    domains: dict[str, dict[str, int]] = {}
+    skipped = []
+    for t in tasks:
+        reason = t.data.get("skip")
+        d = domains.setdefault(t.category, {"total": 0, "runnable": 0, "skipped": 0})
+        d["total"] += 1
+        d["skipped" if reason else "runnable"] += 1
+        if reason:
+            by_reason[reason] += 1
+            skipped.append({"id": t.id, "domain": t.category, "reason": reason})
+    return {"total": len(tasks), "runnable": sum(d["runnable"] for d in domains.values()),
+            "skipped": len(skipped), "by_reason": dict(by_reason.most_common()),
+            "by_domain": dict(sorted(domains.items())), "skipped_tasks": skipped,
+            "runnable_tasks": [t.id for t in tasks if not t.data.get("skip")]}
+
+
+# ---- setup steps -------------------------------------------------------------------------
+
+
+def substitute(value: Any, width: int, height: int) -> Any:
+    """OSWorld's placeholders ({SCREEN_WIDTH_HALF} ...) filled in, recursively."""
+    if isinstance(value, str):
+        for key, val in {"{SCREEN_WIDTH}": width, "{SCREEN_HEIGHT}": height,
+                         "{SCREEN_WIDTH_HALF}": width // 2, "{SCREEN_HEIGHT_HALF}": height // 2}.items():
+            value = value.replace(key, str(val))
+        return value
+    if isinstance(value, list):
+        return [substitute(v, width, height) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, width, height) for k, v in value.items()}
+    return value
+
+
+def _adapt(command: Any) -> Any:
+    """OSWorld's Chrome commands for this desktop: Debian's Chromium runs as ``chromium``, and the
+    CDP forwarder (socat) must rebind its port while old connections linger (a reused desktop)."""
+    if isinstance(command, list) and command[:1] == ["socat"]:
+        return [re.sub(r"^(tcp-listen:\d+)(?!.*reuseaddr)", r"\1,reuseaddr", str(a)) for a in command]
+    if isinstance(command, list) and command[:1] == ["pkill"] and any("chrome" in str(a) for a in command[1:]):
+        return ["pkill", "-x", "chromium"]
+    if isinstance(command, str) and re.search(r"\bpkill\b.*\bchrome\b", command):
+        return re.sub(r"\bchrome\b", "chromium", command)
+    return command
+
+
+def run_config(client: DesktopClient, steps: list[dict[str, Any]], size: tuple[int, int]) -> list[str]:
+    """Performs OSWorld setup steps in order; returns notes on steps that did not fully succeed.
+
+    Raises :class:`TaskUnsupported` for a step this desktop cannot perform.
+    """
+    notes, browser = [], False
+    for step in steps or []:
+        problems = _step_problems(step)
+        if problems:
+            raise TaskUnsupported(problems[0])
+        kind = step["type"]
+        p = substitute(step.get("parameters") or {}, *size)
+        if kind == "launch":
+            command = _adapt(p["command"])
+            if command == ["pkill", "-x", "chromium"]:
+                client.execute("pkill -x chromium; for i in $(seq 50); do pgrep -x chromium >/dev/null || exit 0; "
+                               "sleep 0.1; done", shell=True, timeout=10)
+            else:
+                browser = browser or any(b in json.dumps(command) for b in ("google-chrome", "chromium"))
+                try:
+                    client.launch(command, bool(p.get("shell")))
+                except DesktopError as e:
+                    if "program not found" in str(e):
+                        raise TaskUnsupported(f"needs program {command[0]} (not in the desktop image)") from e
+                    raise
+        elif kind in ("execute", "command"):
+            r = client.execute(_adapt(p["command"]), bool(p.get("shell")))
+            if r.get("returncode"):
+                notes.append(f"{kind} {p['command']!r:.80} exited {r.get('returncode')}: {r.get('error', '')[:200]}")
+        elif kind == "open":
+            client.open_file(p["path"])
+        elif kind == "sleep":
+            time.sleep(float(p.get("seconds", 1)))
+        elif kind in ("activate_window", "close_window"):
+            if not client.window(kind.split("_")[0], p["window_name"], bool(p.get("strict")),
+                                 bool(p.get("by_class"))):
+                notes.append(f"{kind}: no window {p['window_name']!r}")
+        elif kind == "chrome_open_tabs":
+            client.open_tabs(list(p["urls_to_open"]))
+        elif kind == "chrome_close_tabs":
+            client.close_tabs(list(p["urls_to_close"]))
+    if browser:
+        wait_for_browser(client)
+    return notes
+
+
+def wait_for_browser(client: DesktopClient, timeout: float = 30) -> None:
+    """Blocks until Chromium's DevTools endpoint (127.0.0.1:9222 in the desktop) lists its tabs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if client.tabs():
+                return
+        except DesktopError:
+            pass
+        if time.monotonic() > deadline:
+            raise DesktopError(f"Chromium's DevTools endpoint did not answer within {timeout:g}s")
+        time.sleep(0.25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m envs.osworld report DIR|INDEX [--json]``: which tasks this desktop can run."""
+    ap = argparse.ArgumentParser(prog="python -m envs.osworld", description=main.__doc__)
+    ap.add_argument("command", choices=["report"])
+    ap.add_argument("source", help="an OSWorld directory, a test_all.json index or a task file")
+    ap.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    args = ap.parse_args(argv)
+    report = support_report(load_tasks(args.source))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{report['total']} tasks: {report['runnable']} runnable, {report['skipped']} skipped")
+    for domain, d in report["by_domain"].items():
+        print(f"  {domain:20s} {d['runnable']:4d} runnable {d['skipped']:4d} skipped")
+    print("skipped by reason:")
+    for reason, n in report["by_reason"].items():
+        print(f"  {n:4d}  {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The GUI environment: action parsing (no Docker), then real episodes on one desktop container."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from envs.actions import ActionError
+from envs.base import Task
+from envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
+from envs.osworld import TaskUnsupported, load_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+OSWORLD = REPO.parent / "shared" / "data" / "osworld"
+DESKTOP_IMAGE = "nextstate/desktop:latest"
+
+
+# ---- no container ----------------------------------------------------------------------
+
+
+def test_builtin_tasks_are_complete():
+    tasks = builtin_tasks()
+    assert len(tasks) >= 12
+    for t in tasks:
+        spec = t.data["builtin"]
+        assert t.instruction and spec["check"] and spec["solution"], t.id
+        site = Path(t.data["dir"]).parent / spec.get("site", t.id)
+        assert (site / spec.get("page", "index.html")).is_file(), t.id
+
+
+def test_computer13_translation():
+    size = (1280, 720)
+    assert computer13_code("CLICK", {"x": 10, "y": 20}, size) == "pyautogui.click(10, 20, button='left', clicks=1)"
+    assert computer13_code("CLICK", {}, size) == "pyautogui.click(button='left', clicks=1)"
+    assert computer13_code("TYPING", {"text": "a'b"}, size) == 'pyautogui.typewrite("a\'b")'
+    assert computer13_code("HOTKEY", {"keys": ["ctrl", "c"]}, size) == "pyautogui.hotkey('ctrl', 'c')"
+    assert computer13_code("SCROLL", {"dy": -3}, size) == "pyautogui.vscroll(-3)"
+    assert computer13_code("DRAG_TO", {"x": 5, "y": 6}, size).startswith("pyautogui.dragTo(5, 6")
+    with pytest.raises(ActionError, match="off the 1280x720 screen"):
+        computer13_code("CLICK", {"x": 2000, "y": 5}, size)
+    with pytest.raises(ActionError, match="needs text"):
+        computer13_code("TYPING", {}, size)
+
+
+def test_parse_accepts_every_action_format():
+    env = GUIEnv()
+    try:
+        assert env.parse({"action_type": "CLICK", "x": 1, "y": 2}).arguments == {"x": 1, "y": 2, "action": "CLICK"}
+        nested = env.parse({"action_type": "PRESS", "parameters": {"key": "enter"}})
+        assert (nested.name, nested.arguments) == ("computer", {"key": "enter", "action": "PRESS"})
+        assert env.parse("DONE").arguments == {"action": "DONE"}
+        assert env.parse("```python\npyautogui.click(3, 4)\n```").arguments == {"code": "pyautogui.click(3, 4)"}
+        call = env.parse('<tool_call>{"name": "computer", "arguments": {"action": "wait"}}</tool_call>')
+        assert call.name == "computer"
+        with pytest.raises(ActionError):
+            env.parse("I think I should click the button")
+        assert env.observation_space["screenshot"].contains(Image.new("RGB", (1280, 720)))
+        assert not env.observation_space["screenshot"].contains(Image.new("RGB", (10, 10)))
+    finally:
+        env.close()
+
+
+def test_missing_osworld_package_gives_a_clear_error():
+    env = GUIEnv([Task("t", "x", data={"osworld": {"evaluator": {"func": "infeasible"}}})], desktop="osworld")
+    try:
+        with pytest.raises(ImportError, match="desktop_env"):
+            env.reset(options={"task": "t"})
+    finally:
+        env.close()
+
+
+# ---- on a desktop container ------------------------------------------------------------------
+
+
+
+@pytest.fixture(scope="module")
+def pool(docker_client):
+    import containers
+    from envs.pool import SandboxPool
+    containers.ensure_image("desktop", client=docker_client)
+    p = SandboxPool(DESKTOP_IMAGE, size=1, reset="reuse", memory="2g", pids_limit=1024)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def env(pool):
+    tasks = builtin_tasks()
+    if (OSWORLD / "examples").is_dir():
+        tasks += load_tasks(OSWORLD / "examples" / "chrome")
+    e = GUIEnv(tasks, pool=pool, settle=0.2)
+    yield e
+    e.close()
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_episode_clicks_and_types_to_success(env):
+    obs, info = env.reset(options={"task": "signup-form"})
+    assert env.observation_space.contains(obs)
+    assert "Ada Lovelace" in obs["instruction"]
+    rows = {line.split("\t")[1]: line.split("\t") for line in obs["accessibility_tree"].splitlines()[1:]}
+    name_box = eval(rows["name"][3])  # "(x, y)" of the Full name field, on screen
+    # Three action formats: pyautogui code, a computer_13 dict, a tool call.
+    _, r, done, _, info = env.step(f"```python\npyautogui.click({name_box[0] + 5}, {name_box[1] + 5})\n"
+                                   "pyautogui.write('Ada Lovelace')\n```")
+    ns = info["next_state"]
+    assert ns["valid"] and ns["exit_code"] == 0 and not done and r == 0
+    before, after = (Image.open(io.BytesIO(ns[k])) for k in ("screenshot_before", "screenshot_after"))
+    assert before.size == after.size == (1280, 720) and before.tobytes() != after.tobytes()
+    assert env.desktop.client.eval_js("document.getElementById('name').value") == "Ada Lovelace"
+    for step in env.task.data["builtin"]["solution"][2:]:  # the rest of the scripted solution
+        for action in env._gold(step):
+            _, r, done, _, info = env.step(action)
+            assert info["next_state"]["valid"], info["next_state"]
+    _, reward, done, truncated, info = env.step(
+        '<tool_call>{"name": "computer", "arguments": {"action": "done"}}</tool_call>')
+    assert done and not truncated and reward == 1.0
+    assert info["outcome"]["check"] is True
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_wrong_episode_fails_and_bad_actions_are_observed(env):
+    obs, _ = env.reset(options={"task": "signup-form"})
+    _, _, _, _, info = env.step("pyautogui.click(")  # not Python
+    assert info["next_state"]["valid"] and info["next_state"]["exit_code"] != 0
+    assert "SyntaxError" in info["next_state"]["output"]
+    _, _, _, _, info = env.step({"action_type": "JUMP"})
+    assert not info["next_state"]["valid"] and "Unknown action" in info["next_state"]["error"]
+    box = env.desktop.client.locate("#email")
+    env.step({"action_type": "CLICK", "x": box["cx"], "y": box["cy"]})
+    env.step({"action_type": "TYPING", "text": "wrong@example.com"})
+    _, reward, done, _, info = env.step("DONE")
+    assert done and reward == 0.0 and info["outcome"]["check"] is False
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+@pytest.mark.parametrize("task_id", ["todo-complete", "select-country"])
+def test_scripted_solution_passes_and_nothing_fails(env, task_id):
+    env.reset(options={"task": task_id})
+    reward, info = env.play_gold()
+    assert reward == 1.0, info["outcome"]
+    env.reset(options={"task": task_id})
+    assert env.step("DONE")[1] == 0.0
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_osworld_chrome_task_graded_over_cdp(env):
+    """OSWorld's "open the password manager" task: the active tab's URL is read over CDP."""
+    task_id = "12086550-11c0-466b-b367-1d9e75b3910e"
+    if task_id not in env._by_id:
+        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
+    assert env.skip_reason(env._by_id[task_id]) is None
+    env.reset(options={"task": task_id})
+    assert env.step("DONE")[1] == 0.0  # doing nothing leaves the new-tab page
+    env.reset(options={"task": task_id})
+    env.step({"action_type": "HOTKEY", "keys": ["ctrl", "l"]})
+    env.step({"action_type": "TYPING", "text": "chrome://password-manager/passwords\n"})
+    _, reward, done, _, info = env.step({"action_type": "WAIT", "seconds": 1})
+    _, reward, done, _, info = env.step("DONE")
+    assert done and reward == 1.0, info["outcome"]
+    assert info["outcome"]["metrics"][0]["result"].startswith("chrome://password-manager")
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_osworld_config_steps_tabs_and_files(env, tmp_path):
+    """chrome_open_tabs / chrome_close_tabs, execute, open_tabs_info and vm_file on a synthetic task."""
+    page = "file:///home/user/Desktop/{}.html"
+    spec = {"id": "synthetic-tabs", "instruction": "Reopen the closed tab.", "related_apps": ["chrome"],
+            "config": [
+                {"type": "execute", "parameters": {"command": "for n in a b c; do echo \"<title>$n</title>\" "
+                                                   "> ~/Desktop/$n.html; done; echo hi > ~/Desktop/note.txt",
+                                                   "shell": True}},
+                {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
+                {"type": "launch", "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}},
+                {"type": "chrome_open_tabs", "parameters": {"urls_to_open": [page.format(n) for n in "abc"]}},
+                {"type": "chrome_close_tabs", "parameters": {"urls_to_close": [page.format("c")]}}],
+            "evaluator": {"func": ["is_expected_tabs", "compare_text_file"], "conj": "and",
+                          "result": [{"type": "open_tabs_info"},
+                                     {"type": "vm_file", "path": "/home/user/Desktop/note.txt", "dest": "note.txt"}],
+                          "expected": [{"type": "rule", "rules": {"type": "url", "urls":
+                                        ["chrome://newtab/"] + [page.format(n) for n in "abc"]}},
+                                       {"type": "vm_file", "path": "/home/user/Desktop/note.txt", "dest": "n2.txt"}]}}
+    path = tmp_path / "synthetic-tabs.json"
+    path.write_text(json.dumps(spec))
+    task = load_tasks(path)[0]
+    assert task.data["skip"] is None
+    env.reset(options={"task": task})
+    assert [t["url"] for t in env.desktop.client.tabs()][-1] == page.format("b")
+    assert env.step("DONE")[1] == 0.0  # tab c is still closed
+    env.reset(options={"task": task})
+    env.step({"action_type": "HOTKEY", "keys": ["ctrl", "shift", "t"]})
+    _, reward, done, _, info = env.step("DONE")
+    assert done and reward == 1.0, info["outcome"]
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_skipped_and_infeasible_osworld_tasks(env):
+    if not (OSWORLD / "examples").is_dir():
+        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
+    skipped = next(t for t in env.tasks if env.skip_reason(t))
+    with pytest.raises(TaskUnsupported):
+        env.reset(options={"task": skipped})
+    infeasible = next(t for t in env.tasks if t.data.get("osworld", {}).get("evaluator", {}).get("func")
+                      == "infeasible" and not env.skip_reason(t))
+    env.reset(options={"task": infeasible})
+    assert env.play_gold()[0] == 1.0  # the oracle says FAIL
+    env.reset(options={"task": infeasible})
+    assert env.step("DONE")[1] == 0.0
+    feasible = env._by_id["030eeff7-b492-4218-b312-701ec99ee0cc"]
+    env.reset(options={"task": feasible})
+    with pytest.raises(NoSolution):
+        next(env.solve())
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_pyautogui_shim_covers_osworld_calls(env):
+    env.reset(options={"task": "counter"})
+    inc = env.desktop.client.locate("#inc")
+    code = (f"pyautogui.moveTo({inc['cx']}, {inc['cy']})\n"
+            f"pyautogui.click({inc['cx']}, {inc['cy']}); pyautogui.click({inc['cx']}, {inc['cy']})\n"  # same spot twice
+            "pyautogui.doubleClick(); pyautogui.scroll(-2); pyautogui.hscroll(1)\n"
+            "pyautogui.keyDown('shift'); pyautogui.keyUp('shift'); pyautogui.press(['tab', 'tab'])\n"
+            "pyautogui.hotkey('ctrl', 'a'); pyautogui.rightClick(5, 300); pyautogui.press('esc')\n"
+            "pyautogui.dragTo(300, 400, duration=0.1); pyautogui.typewrite(['a', 'b'])\n"
+            "print(tuple(pyautogui.size()), tuple(pyautogui.position()), pyautogui.onScreen(5, 5))\n")
+    _, _, _, _, info = env.step({"name": "pyautogui", "arguments": {"code": code}})
+    ns = info["next_state"]
+    assert ns["exit_code"] == 0 and ns["elapsed"] < 20, ns["output"]
+    assert "(1280, 720) (300, 400) True" in ns["output"]
+    assert env.desktop.client.eval_js("document.querySelector('#count').textContent") == "7"  # 3 + 4 clicks
