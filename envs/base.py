@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 import gymnasium
 from gymnasium.error import ResetNeeded
@@ -50,6 +50,14 @@ class AnyText(gymnasium.spaces.Text):
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and len(x) <= self.max_length
+
+
+class TaskUnsupported(RuntimeError):
+    """This environment cannot run the task here; ``reason`` says why. Report it skipped."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -123,6 +131,13 @@ class NextStateEnv(gymnasium.Env):
     image: ClassVar[str] = DEFAULT_IMAGE
     lease_at_reset: ClassVar[bool] = True   # False: lease on first use of ``self.sandbox``
     max_private_pools: ClassVar[int] = 4
+    sandbox_defaults: ClassVar[dict[str, Any]] = {}  # SandboxSpec fields this family needs (memory...)
+
+    @classmethod
+    def make_pool(cls, size: int, **kwargs: Any) -> SandboxPool:
+        """A pool of this family's sandboxes: its image and ``sandbox_defaults``, then ``kwargs``."""
+        kw = {"image": cls.image, **cls.sandbox_defaults, **kwargs}
+        return SandboxPool(kw.pop("image"), size=size, **kw)
 
     def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
                  max_steps: int | None = None, step_timeout: float = 30.0,
@@ -182,6 +197,16 @@ class NextStateEnv(gymnasium.Env):
     def compute_outcome(self) -> Outcome:
         """Grade the final state (after a finishing tool, or at truncation)."""
         raise NotImplementedError
+
+    def skip_reason(self, task: Task) -> str | None:
+        """Why this environment cannot run ``task`` here (it is then reported skipped), or None."""
+        return None
+
+    def oracle_actions(self, task: Task, kind: str) -> Iterable[Any]:
+        """Scripted actions for the episode just reset: ``"gold"`` (the reference solution,
+        must score +1) or ``"noop"`` (doing nothing, must not). May be lazy: an action
+        can be drawn after the previous one was stepped. Used by validate and evaluate."""
+        raise NotImplementedError(f"{type(self).__name__} has no scripted {kind} solution")
 
     def parse(self, action: Any) -> ToolCall:
         """The tool call in ``action``; raises :class:`~envs.actions.ActionError`."""
@@ -321,8 +346,7 @@ class NextStateEnv(gymnasium.Env):
         key = json.dumps(overrides, sort_keys=True)
         pool = self._private.pop(key, None)
         if pool is None:
-            kw = {"image": self.image, **self.pool_kwargs, **overrides}
-            pool = SandboxPool(kw.pop("image"), size=1, **kw)
+            pool = self.make_pool(1, **{**self.pool_kwargs, **overrides})
         self._private[key] = pool  # most recently used last
         while len(self._private) > self.max_private_pools:
             self._private.popitem(last=False)[1].close()
@@ -345,3 +369,17 @@ class NextStateEnv(gymnasium.Env):
         if self._sandbox is not None and self._sandbox_pool is not None:
             self._sandbox_pool.release(self._sandbox)
         self._sandbox = self._sandbox_pool = None
+
+
+def play(env: NextStateEnv, actions: Iterable[Any]) -> tuple[float, dict[str, Any]]:
+    """Step ``actions`` until the episode ends; the final reward and info.
+
+    Raises ``RuntimeError`` when the episode is aborted or the actions run out first.
+    """
+    for action in actions:
+        _, reward, terminated, truncated, info = env.step(action)
+        if "aborted" in info:
+            raise RuntimeError(f"episode aborted: {info['aborted']}")
+        if terminated or truncated:
+            return reward, info
+    raise RuntimeError("the actions ran out before the episode ended")

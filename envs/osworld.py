@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
-from envs.base import Task
+from envs.base import Task, TaskUnsupported
 from envs.sandbox import Sandbox
 
 CONTROLLER_PORT = 5000
@@ -59,14 +59,6 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", ""}
 
 class DesktopError(RuntimeError):
     """The controller answered with an error (or not at all)."""
-
-
-class TaskUnsupported(RuntimeError):
-    """This desktop cannot run the task; ``reason`` says why. Report the task as skipped."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 # ---- the controller client ------------------------------------------------------------

@@ -24,7 +24,7 @@ from envs.sandbox import SandboxError
 from envs.swe_grading import Grade, grade, summary
 from envs.swe_instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
                                 harness_image, is_offline, load_instances, sandbox_user)
-from envs.validate import register_validator
+from envs.validate import check_oracles, register_validator
 
 EDITOR_SOURCE = Path(__file__).with_name("swe_editor.py").read_text()
 EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
@@ -210,29 +210,14 @@ class SWEEnv(NextStateEnv):
             self._client = None
 
 
-def _play(env: NextStateEnv, actions: list[Any]) -> tuple[float, dict[str, Any]]:
-    """Steps ``actions`` until the episode ends; its reward and last info."""
-    for action in actions:
-        _, reward, terminated, truncated, info = env.step(action)
-        if "aborted" in info:
-            raise RuntimeError(f"episode aborted: {info['aborted']}")
-        if terminated or truncated:
-            return reward, info
-    raise RuntimeError("the actions did not end the episode")
-
-
 @register_validator("swe", SWEEnv)
 def check_swe(env: NextStateEnv, task: Task) -> str | None:
     """The gold patch must resolve, an empty one must not, and at the base commit (with the
     test patch) every FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass."""
     assert isinstance(env, SWEEnv)
-    for kind in ("gold", "noop"):
-        env.reset(options={"task": task})
-        reward, info = _play(env, env.oracle_actions(task, kind))
-        if kind == "gold" and reward < 1:
-            return f"the gold patch is not resolved: {info['outcome'].get('reason')}"
-        if kind == "noop" and reward >= 1:
-            return "submitting no change resolves the instance"
+    reason = check_oracles(env, task)
+    if reason:
+        return reason
     base = env.grade_patch(task.data, "")
     status = base.tests_status
     if not status:

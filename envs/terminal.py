@@ -197,3 +197,15 @@ class TerminalEnv(NextStateEnv):
     def compute_outcome(self) -> Outcome:
         assert self.task is not None
         return grade_terminal_task(self.sandbox, self.task)
+
+    def oracle_actions(self, task: Task, kind: str) -> list[dict[str, Any]]:
+        """gold: write ``solution.sh``, run it in the workdir, finish; noop: finish at once."""
+        finish = {"name": "finish", "arguments": {}}
+        if kind == "noop":
+            return [finish]
+        if not task.data.get("solution"):
+            raise ValueError(f"task {task.id} has no solution.sh")
+        timeout = float(task.data.get("max_agent_timeout_sec") or 600)
+        run = "bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; (exit $rc)"
+        return [{"name": "write_file", "arguments": {"path": "/tmp/solution.sh", "content": task.data["solution"]}},
+                {"name": "bash", "arguments": {"command": run, "timeout": timeout}}, finish]

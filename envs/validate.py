@@ -4,7 +4,8 @@ Each family registers a check with :func:`register_validator`; a check gets
 an env (one per worker thread, all sharing one sandbox pool) and a task, and
 returns ``None`` when the task is sound or the reason it is not. Families not
 registered here are looked up by importing ``envs.<family>``, whose module
-may register its own check.
+may register its own check. Most families use :func:`check_oracles`, which
+plays the env's ``oracle_actions``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from envs.base import NextStateEnv, Task
-from envs.pool import SandboxPool
+from envs.base import NextStateEnv, Task, play
 from envs.terminal import TerminalEnv
 from envs.toolcall import ToolCallEnv
 
 CheckFn = Callable[[NextStateEnv, Task], "str | None"]
 _VALIDATORS: dict[str, tuple[type[NextStateEnv], CheckFn]] = {}
-FINISH = {"name": "finish", "arguments": {}}
 
 
 @dataclass
@@ -66,7 +65,7 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     probe = env_cls(tasks, backend=backend)
     loaded = probe.tasks
     probe.close()
-    pool = SandboxPool(env_cls.image, size=parallel, backend=backend) if env_cls.lease_at_reset else None
+    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset else None
     local, envs = threading.local(), []
 
     def one(task: Task) -> Check:
@@ -96,54 +95,34 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     return sorted(checks, key=lambda c: c.task_id)
 
 
-def _final_step(env: NextStateEnv, action: Any) -> tuple[float, dict[str, Any]]:
-    """Play ``action``, which must end the episode; its reward and info."""
-    _, reward, terminated, truncated, info = env.step(action)
-    if "aborted" in info:
-        raise RuntimeError(f"episode aborted: {info['aborted']}")
-    if not (terminated or truncated):
-        raise RuntimeError(f"{action} did not end the episode")
-    return reward, info
-
-
-def _failed_tests(info: dict[str, Any]) -> str:
+def _why(info: dict[str, Any]) -> str:
+    """What the outcome says went wrong: its reason, or the tests that did not pass."""
     outcome = info.get("outcome", {})
     failed = [name for name, status in outcome.get("tests", {}).items() if status != "passed"]
-    return outcome.get("reason") or f"failed: {', '.join(failed)}; log: ...{outcome.get('log_tail', '')[-400:]}"
+    if outcome.get("reason") or not failed:
+        return str(outcome.get("reason") or outcome)
+    return f"failed: {', '.join(failed)}; log: ...{outcome.get('log_tail', '')[-400:]}"
 
 
-@register_validator("terminal", TerminalEnv)
-def check_terminal(env: NextStateEnv, task: Task) -> str | None:
-    """Run ``solution.sh`` in the workdir, then finish: +1 expected; finishing at once: below +1."""
-    if not task.data.get("solution"):
-        return "the task has no solution.sh"
+def check_oracles(env: NextStateEnv, task: Task) -> str | None:
+    """The env's scripted reference solution must score +1; doing nothing must not."""
+    reason = env.skip_reason(task)
+    if reason:
+        return f"skipped: {reason}"
     env.reset(options={"task": task})
-    sb = env.sandbox
-    sb.write_file("/tmp/solution.sh", task.data["solution"], 0o755)
-    timeout = float(task.data.get("max_agent_timeout_sec") or 600)
-    ran = sb.run(f"cd {sb.spec.workdir} && bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; "
-                 "(exit $rc)", timeout=timeout)
-    reward, info = _final_step(env, FINISH)
+    try:
+        gold = env.oracle_actions(task, "gold")
+    except (LookupError, ValueError, NotImplementedError) as e:
+        return str(e)
+    reward, info = play(env, gold)
     if reward < 1:
-        how = "timed out" if ran.timed_out else f"exited with {ran.exit_code}"
-        return f"reference solution ({how}) scored {reward:+.2f}: {_failed_tests(info)}"
+        return f"the reference solution scored {reward:+.2f}: {_why(info)}"
     env.reset(options={"task": task})
-    reward, _ = _final_step(env, FINISH)
+    reward, _ = play(env, env.oracle_actions(task, "noop"))
     if reward >= 1:
-        return "doing nothing already passes every test"
+        return "doing nothing already scores +1"
     return None
 
 
-@register_validator("toolcall", ToolCallEnv)
-def check_toolcall(env: NextStateEnv, task: Task) -> str | None:
-    """Answering the reference must score +1; answering ``\\boxed{}`` must not."""
-    reference = task.data["answer"]
-    env.reset(options={"task": task})
-    reward, _ = _final_step(env, {"name": "answer", "arguments": {"answer": reference}})
-    if reward < 1:
-        return f"the reference answer {reference!r} is not accepted by math-verify"
-    env.reset(options={"task": task})
-    reward, _ = _final_step(env, {"name": "answer", "arguments": {"answer": "\\boxed{}"}})
-    if reward >= 1:
-        return "an empty answer is accepted"
-    return None
+register_validator("terminal", TerminalEnv)(check_oracles)
+register_validator("toolcall", ToolCallEnv)(check_oracles)

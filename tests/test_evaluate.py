@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from envs.swe_instances import BUILTIN, load_instances
-from train.evaluate import env_class, evaluate, main, summarize
+from envs import env_class
+from train.evaluate import evaluate, main, summarize
 
 INSTANCES = load_instances()
 
@@ -56,7 +57,7 @@ def test_swe_gold_resolves_every_instance_and_noop_none(swe_image, tmp_path, cap
     out = tmp_path / "gold"
     assert main(["--env", "swe", "--policy", "gold", "--parallel", "3", "--output", str(out)]) == 0
     assert capsys.readouterr().out.strip().endswith(f"6/6 resolved (100.0%), mean outcome +1.00, "
-                                                    f"0 aborted -> {out}")
+                                                    f"0 aborted, 0 skipped -> {out}")
     report = json.loads((out / "report.json").read_text())
     assert report["resolve_rate"] == 1.0 and set(report["by_category"]) == {"nextstate/datekit",
                                                                             "nextstate/inikit"}

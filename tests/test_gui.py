@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from envs.actions import ActionError
-from envs.base import Task
+from envs.base import Task, play
 from envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
 from envs.osworld import TaskUnsupported, load_tasks
 
@@ -144,7 +144,7 @@ def test_wrong_episode_fails_and_bad_actions_are_observed(env):
 @pytest.mark.parametrize("task_id", ["todo-complete", "select-country"])
 def test_scripted_solution_passes_and_nothing_fails(env, task_id):
     env.reset(options={"task": task_id})
-    reward, info = env.play_gold()
+    reward, info = play(env, env.oracle_actions(env.task, "gold"))
     assert reward == 1.0, info["outcome"]
     env.reset(options={"task": task_id})
     assert env.step("DONE")[1] == 0.0
@@ -213,7 +213,7 @@ def test_skipped_and_infeasible_osworld_tasks(env):
     infeasible = next(t for t in env.tasks if t.data.get("osworld", {}).get("evaluator", {}).get("func")
                       == "infeasible" and not env.skip_reason(t))
     env.reset(options={"task": infeasible})
-    assert env.play_gold()[0] == 1.0  # the oracle says FAIL
+    assert play(env, env.oracle_actions(env.task, "gold"))[0] == 1.0  # the oracle says FAIL
     env.reset(options={"task": infeasible})
     assert env.step("DONE")[1] == 0.0
     feasible = env._by_id["030eeff7-b492-4218-b312-701ec99ee0cc"]
@@ -239,3 +239,23 @@ def test_pyautogui_shim_covers_osworld_calls(env):
     assert ns["exit_code"] == 0 and ns["elapsed"] < 20, ns["output"]
     assert "(1280, 720) (300, 400) True" in ns["output"]
     assert env.desktop.client.eval_js("document.querySelector('#count').textContent") == "7"  # 3 + 4 clicks
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_evaluate_reports_osworld_domains_and_skips(docker_client, tmp_path):
+    if not (OSWORLD / "examples").is_dir():
+        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
+    from train.evaluate import evaluate
+    probe = GUIEnv(f"osworld:{OSWORLD / 'examples' / 'chrome'}")
+    skipped = next(t for t in probe.tasks if probe.skip_reason(t))
+    infeasible = next(t for t in probe.tasks if not probe.skip_reason(t)
+                      and t.data["osworld"]["evaluator"]["func"] == "infeasible")
+    probe.close()
+    report = evaluate("gui", f"osworld:{OSWORLD / 'examples' / 'chrome'}", "gold", parallel=1,
+                      output=tmp_path, ids=[skipped.id, infeasible.id])
+    assert (report["total"], report["succeeded"], report["skipped"]) == (1, 1, 1)
+    assert report["skipped_reasons"] == {skipped.id: probe.skip_reason(skipped)}
+    assert report["by_category"]["chrome"]["success_rate"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {r["task_id"]: r["status"] for r in rows} == {skipped.id: "skipped", infeasible.id: "finished"}

@@ -6,10 +6,11 @@
 
 ``--policy`` is a model (``tiny``, a local path or hub name, or an
 OpenAI-compatible URL, run through :mod:`agents.loop`), ``gold`` (the task's
-reference solution, no model) or ``noop`` (finish at once). Oracles come from
-the env's ``oracle_actions(task, kind)`` method when it has one (SWE: apply
-the instance's patch), else from :data:`ORACLES` (terminal: run
-``solution.sh``; toolcall: answer the reference).
+reference solution, no model) or ``noop`` (finish at once), both played from
+the env's ``oracle_actions(task, kind)``. Tasks the env cannot run here (its
+``skip_reason``, or ``TaskUnsupported`` at reset: an OSWorld task needing an
+app the desktop lacks) are listed as skipped with the reason and left out of
+the rates.
 
 Writes to ``--output``: ``results.jsonl`` (one line per task: success, reward,
 status, steps, tokens, time, failure reason), ``report.json`` (success rate,
@@ -30,59 +31,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
-import gymnasium
-from gymnasium.envs.registration import load_env_creator
 from tqdm import tqdm
 
-from envs.base import NextStateEnv, Task
-from envs.pool import SandboxPool
+from envs import env_class
+from envs.base import NextStateEnv, Task, TaskUnsupported
 
-Oracle = Callable[[NextStateEnv, Task, str], list[Any]]
 ORACLE_KINDS = ("gold", "noop")
-
-
-def env_class(family: str) -> type[NextStateEnv]:
-    """The env class registered for ``family`` (``nextstate/<Family>-v0``)."""
-    import envs  # noqa: F401 -- registers the ids
-
-    found = {spec.id.split("/")[1].split("-")[0].lower(): spec.entry_point
-             for spec in gymnasium.envs.registry.values() if spec.id.startswith("nextstate/")}
-    if family not in found:
-        raise ValueError(f"unknown env {family!r}; known: {', '.join(sorted(found))}")
-    return load_env_creator(found[family])
-
-
-def _terminal_oracle(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
-    finish = {"name": "finish", "arguments": {}}
-    if kind == "noop":
-        return [finish]
-    solution = task.data.get("solution")
-    if not solution:
-        raise ValueError(f"task {task.id} has no solution.sh")
-    timeout = float(task.data.get("max_agent_timeout_sec") or 600)
-    run = "bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; (exit $rc)"
-    return [{"name": "write_file", "arguments": {"path": "/tmp/solution.sh", "content": solution}},
-            {"name": "bash", "arguments": {"command": run, "timeout": timeout}}, finish]
-
-
-def _toolcall_oracle(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
-    answer = task.data["answer"] if kind == "gold" else "\\boxed{}"
-    return [{"name": "answer", "arguments": {"answer": answer}}]
-
-
-# Oracles of the families whose env has no ``oracle_actions`` method.
-ORACLES: dict[str, Oracle] = {"terminal": _terminal_oracle, "toolcall": _toolcall_oracle}
-
-
-def oracle_actions(env: NextStateEnv, task: Task, kind: str) -> list[Any]:
-    """The scripted actions of oracle ``kind`` (gold or noop) for ``task``; call after reset."""
-    method = getattr(env, "oracle_actions", None)
-    if method is not None:
-        return method(task, kind)
-    if env.family not in ORACLES:
-        raise ValueError(f"no {kind} oracle for the {env.family} env: give {type(env).__name__} an "
-                         "oracle_actions(task, kind) method or add it to train.evaluate.ORACLES")
-    return ORACLES[env.family](env, task, kind)
 
 
 def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error: str | None,
@@ -111,11 +65,13 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
                 made.append(local.env)
             env = local.env
             env.reset(options={"task": task})
-            for action in oracle_actions(env, task, kind):
+            for action in env.oracle_actions(task, kind):
                 _, _, terminated, truncated, info = env.step(action)
                 steps += 1
                 if terminated or truncated:
                     break
+        except TaskUnsupported as e:
+            return _outcome_row(task, None, "skipped", e.reason, steps, 0, time.monotonic() - start)
         except Exception as e:  # a broken task must not stop the others
             return _outcome_row(task, None, "aborted", f"{type(e).__name__}: {e}", steps, 0,
                                 time.monotonic() - start)
@@ -166,10 +122,12 @@ def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: st
                 "mean_outcome": sum(rewards) / len(rewards) if rewards else None,
                 "aborted": sum(r["status"] == "aborted" for r in group)}
 
+    skipped = {r["task_id"]: r["reason"] for r in rows if r["status"] == "skipped"}
+    rows = [r for r in rows if r["status"] != "skipped"]
     categories = sorted({r["category"] for r in rows})
     report = {"env": family, "tasks": tasks, "policy": policy, **stats(rows),
               "by_category": {c: stats([r for r in rows if r["category"] == c]) for c in categories},
-              "elapsed": round(elapsed, 1)}
+              "skipped": len(skipped), "skipped_reasons": skipped, "elapsed": round(elapsed, 1)}
     if family == "swe":
         report["resolve_rate"] = report["success_rate"]
         report["resolved_ids"] = sorted(r["task_id"] for r in rows if r["success"])
@@ -192,14 +150,17 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
     kw = {"backend": backend, **(env_kwargs or {})}
     probe = env_cls(None if tasks in (None, "builtin") else tasks, **kw)
     loaded = probe.tasks
-    probe.close()
     if ids:
         unknown = sorted(set(ids) - {t.id for t in loaded})
         if unknown:
             raise ValueError(f"unknown task ids: {', '.join(unknown)}")
         loaded = [t for t in loaded if t.id in set(ids)]
-    parallel = max(1, min(parallel, len(loaded)))
-    pool = SandboxPool(env_cls.image, size=parallel, backend=backend) if env_cls.lease_at_reset else None
+    skipped = [_outcome_row(t, None, "skipped", probe.skip_reason(t), 0, 0, 0.0)
+               for t in loaded if probe.skip_reason(t)]
+    probe.close()
+    everything, loaded = loaded, [t for t in loaded if t.id not in {r["task_id"] for r in skipped}]
+    parallel = max(1, min(parallel, len(loaded) or 1))
+    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset else None
     policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
 
     def factory() -> NextStateEnv:
@@ -207,7 +168,9 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
 
     start = time.monotonic()
     try:
-        if isinstance(policy, str) and policy in ORACLE_KINDS:
+        if not loaded:
+            rows = []
+        elif isinstance(policy, str) and policy in ORACLE_KINDS:
             rows = run_oracle(factory, loaded, policy, parallel)
         else:
             if isinstance(policy, str):
@@ -217,8 +180,8 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
     finally:
         if pool is not None:
             pool.close()
-    order = {t.id: i for i, t in enumerate(loaded)}
-    rows.sort(key=lambda r: order[r["task_id"]])
+    order = {t.id: i for i, t in enumerate(everything)}
+    rows = sorted(rows + skipped, key=lambda r: order[r["task_id"]])
     report = summarize(rows, family=family, tasks=str(tasks), policy=policy_name,
                        elapsed=time.monotonic() - start)
     write_outputs(Path(output), rows, report, family=family, model_name=policy_name)
@@ -248,7 +211,8 @@ def summary_line(report: dict[str, Any], output: str | Path) -> str:
     mean = report["mean_outcome"]
     return (f"{report['env']} / {report['policy']}: {report['succeeded']}/{report['total']} {word} "
             f"({100 * report['success_rate']:.1f}%), mean outcome "
-            f"{'n/a' if mean is None else f'{mean:+.2f}'}, {report['aborted']} aborted -> {output}")
+            f"{'n/a' if mean is None else f'{mean:+.2f}'}, {report['aborted']} aborted, "
+            f"{report['skipped']} skipped -> {output}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,22 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from envs import env_class
 from train.config import Config
-
-ENV_IDS = {"terminal": "nextstate/Terminal-v0", "toolcall": "nextstate/ToolCall-v0",
-           "swe": "nextstate/SWE-v0", "gui": "nextstate/GUI-v0"}
-
-
-def env_class(family: str) -> type:
-    """The environment class registered for ``family``."""
-    import gymnasium
-    from gymnasium.envs.registration import load_env_creator
-
-    import envs  # noqa: F401  (registers the ids)
-
-    entry = gymnasium.spec(ENV_IDS[family]).entry_point
-    return load_env_creator(entry) if isinstance(entry, str) else entry
-
 
 def load_tasks(cfg: Config) -> list[Any]:
     """The tasks of the configured environment (no sandbox is started)."""
@@ -33,10 +19,8 @@ def load_tasks(cfg: Config) -> list[Any]:
 def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
     """A shared sandbox pool (``pool_size``, default ``rollout.parallel``), a factory of envs
     leasing from it, and the env's task list."""
-    from envs.pool import SandboxPool
-
     cls = env_class(cfg.env.family)
-    pool = SandboxPool(cls.image, size=pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
+    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
 
     def factory() -> Any:
         return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout)
