@@ -37,6 +37,11 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
                 "aborted", "batch/dropped_buckets", "perf/samples_per_s", "train/kl", "train/clip_frac",
                 "train/entropy"} <= set(r)
     assert (out / "curves.png").stat().st_size > 1000
+    logged = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in logged}
+    assert {"step", "judge", "trajectory"} <= kinds
+    assert sum(r["kind"] == "trajectory" for r in logged) == 8  # 2 steps x 4 episodes
+    assert all("next_state" in r and "messages" in r for r in logged if r["kind"] == "step")
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = out / "checkpoints" / "step_000002"
     assert (ckpt / "model" / "model.safetensors").is_file() and (ckpt / "state.pt").is_file()

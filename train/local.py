@@ -24,6 +24,7 @@ import numpy as np
 
 from agents.chat import ChatConfig
 from agents.loop import collect, single_role
+from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from train import checkpoint
 from train.batch import build_batch
@@ -124,6 +125,8 @@ class LocalTrainer:
             self.start = int(meta["step"])
             log.info("resuming from %s (step %d)", ckpt, self.start)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
+        # every step's messages, action, next state, judge prompt, votes and hints
+        self.recorder = Recorder(output / "rollouts.jsonl")
         self.judge = make_judge(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
 
@@ -135,7 +138,7 @@ class LocalTrainer:
         chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
         return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
-                             router=single_role(self.cfg.train.role), chat=chat,
+                             router=single_role(self.cfg.train.role), chat=chat, recorder=self.recorder,
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
 
@@ -190,5 +193,6 @@ class LocalTrainer:
     def close(self) -> None:
         """Release sandboxes, threads and log files."""
         self.metrics.close()
+        self.recorder.close()
         self.pool.close()
         asyncio.run(self.policy.aclose())
