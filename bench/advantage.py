@@ -10,12 +10,12 @@ must agree; the figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import defaultdict
 
 import numpy as np
 
+from bench import report as show
 from train.advantage import EPS, StepRows, compute_advantages
 
 
@@ -87,11 +87,7 @@ def main() -> None:
               "vectorized_s": round(vec_s, 4), "python_loop_s": round(loop_s, 4),
               "speedup": round(loop_s / vec_s, 1), "same_result": agree,
               "goal": "vectorized < 1 s and >= 20x the loop"}
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for k, v in report.items():
-            print(f"{k:>16}: {v}")
+    show(report, args.json)
 
 
 if __name__ == "__main__":

@@ -16,22 +16,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
 from typing import Any
 
+from bench import ms_percentile, report
 from envs.gui import GUIEnv
 from envs.pool import SandboxPool
 
 IMAGE = "nextstate/desktop:latest"
 TASK = "counter"
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
 
 
 def click_action(env: GUIEnv) -> dict[str, Any]:
@@ -67,10 +62,10 @@ def run(steps: int, max_parallel: int, settle: float) -> dict[str, Any]:
             t = time.perf_counter()
             env.desktop.screenshot()
             shots.append(time.perf_counter() - t)
-        res["screenshot_ms_p50"], res["screenshot_ms_p99"] = pct(shots, 0.5), pct(shots, 0.99)
+        res["screenshot_ms_p50"], res["screenshot_ms_p99"] = ms_percentile(shots, 0.5), ms_percentile(shots, 0.99)
         step_times: list[float] = []
         episode_steps(env, steps, step_times)
-        res["step_ms_p50"], res["step_ms_p99"] = pct(step_times, 0.5), pct(step_times, 0.99)
+        res["step_ms_p50"], res["step_ms_p99"] = ms_percentile(step_times, 0.5), ms_percentile(step_times, 0.99)
         env.close()
     res["parallel"], res["max_parallel_under_1s"] = [], 0
     n = 1
@@ -89,7 +84,7 @@ def run(steps: int, max_parallel: int, settle: float) -> dict[str, Any]:
             for e in envs:
                 e.close()
         flat = [x for t in times for x in t]
-        row = {"desktops": n, "step_ms_p50": pct(flat, 0.5), "step_ms_p99": pct(flat, 0.99),
+        row = {"desktops": n, "step_ms_p50": ms_percentile(flat, 0.5), "step_ms_p99": ms_percentile(flat, 0.99),
                "steps_per_s": round(len(flat) / sum(flat) * n, 2), "wall_s_with_resets": round(wall, 1)}
         res["parallel"].append(row)
         if row["step_ms_p99"] >= 1000:
@@ -107,11 +102,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args()
     res = run(args.steps, args.max_parallel, args.settle)
-    if args.json:
-        print(json.dumps(res))
-    else:
-        for k, v in res.items():
-            print(f"{k}: {v}")
+    report(res, args.json)
 
 
 if __name__ == "__main__":

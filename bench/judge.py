@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import report
 import containers
 from agents.loop import collect
 from agents.openai_policy import OpenAIPolicy
@@ -117,11 +118,7 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     result = asyncio.run(run(args))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>18}: {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

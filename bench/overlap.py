@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from typing import Any, Callable
 
+from bench import report as show
 from train.local import overlapped_loop
 
 
@@ -101,11 +101,7 @@ def main() -> None:
     report = {"load": args.load, "steps": args.steps, **load, "overlap_off_s": round(off, 3),
               "overlap_on_s": round(on, 3), "speedup": round(off / on, 2),
               "ideal": round(2 * args.steps / (args.steps + 1), 2), "goal": ">= 1.6x on a balanced load"}
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for k, v in report.items():
-            print(f"{k:>14}: {v}")
+    show(report, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import subprocess
@@ -28,18 +27,14 @@ from pathlib import Path
 
 import docker
 
+from bench import ms_percentile, report
 import containers
 from envs.pool import SandboxPool
 from envs.sandbox import DockerSandbox, SandboxSpec
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def ms(seconds: list[float], q: float) -> float:
-    return round(pct(seconds, q) * 1000, 4)
+    return ms_percentile(seconds, q, digits=4)
 
 
 def timed(fn, n: int) -> list[float]:
@@ -179,10 +174,7 @@ def main() -> None:
                paced_step_ms_p99=ms(paced, .99))
     res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
     res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)
-    if not args.json:
-        for k, v in res.items():
-            print(f"{k:28s} {v}")
-    print(json.dumps(res))
+    report(res, args.json)
 
 
 if __name__ == "__main__":
