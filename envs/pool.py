@@ -338,8 +338,7 @@ class SandboxPool:
             time.sleep(every)
             with self._lock:
                 idle = list(self._ready)
-            dead = [sb for sb in idle if not self._idle_alive(sb)]
-            for sb in dead:
+            for sb in self._dead(idle):
                 with self._lock:
                     try:
                         self._ready.remove(sb)
@@ -349,22 +348,25 @@ class SandboxPool:
                 self._destroy(sb)
                 self._spawn()
 
-    def _idle_alive(self, sb: Sandbox) -> bool:
-        if self.backend == "local":
-            return sb.is_alive()
-        return sb.id in self._running_ids()
+    def _dead(self, idle: list[Sandbox]) -> list[Sandbox]:
+        """The sandboxes of ``idle`` that are gone: one container listing per engine per sweep.
 
-    def _running_ids(self) -> set[str]:
+        An engine that cannot be listed right now marks none of its sandboxes dead.
+        """
+        if self.backend == "local":
+            return [sb for sb in idle if not sb.is_alive()]
         import containers
-        ids: set[str] = set()
-        for client in self._clients:
+        running: dict[int, set[str]] = {}
+        for idx, client in enumerate(self._clients):
             try:
-                for c in client.api.containers(filters={"label": f"{containers.RUN_LABEL}={self.run_id}",
-                                                        "status": "running"}):
-                    ids.add(c["Id"][:12])
+                listed = client.api.containers(filters={"label": f"{containers.RUN_LABEL}={self.run_id}",
+                                                        "status": "running"})
             except Exception as e:
                 log.debug("listing containers: %s", e)
-        return ids
+                continue
+            running[idx] = {c["Id"][:12] for c in listed}
+        return [sb for sb in idle if getattr(sb, "_pool_client", None) in running
+                and sb.id not in running[sb._pool_client]]  # type: ignore[attr-defined]
 
     def stats(self) -> dict[str, int]:
         """Counts of ready, leased and starting sandboxes."""
