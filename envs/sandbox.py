@@ -202,7 +202,16 @@ class Sandbox(ABC):
     def is_alive(self) -> bool: ...
 
     @abstractmethod
-    def close(self) -> None: ...
+    def _dispose(self) -> None:
+        """Remove what the backend made (the container, the scratch directory)."""
+
+    def close(self) -> None:
+        """End the shell and remove the sandbox. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        self._close_shell()
+        self._dispose()
 
     # -- the protocol ----------------------------------------------------------
     def _start_shell(self) -> None:
@@ -459,11 +468,7 @@ class DockerSandbox(Sandbox):
             return False
         return self.container.status == "running"
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._close_shell()
+    def _dispose(self) -> None:
         try:
             self.container.remove(force=True)
         except Exception as e:  # already gone, or the engine went away
@@ -545,11 +550,7 @@ class LocalSandbox(Sandbox):
     def is_alive(self) -> bool:
         return not self.closed and self._proc is not None and self._proc.poll() is None
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._close_shell()
+    def _dispose(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -198,15 +198,20 @@ def dragRel(xOffset: float = 0, yOffset: float = 0, duration: float = 0.0, butto
 drag = dragRel
 
 
-def scroll(clicks: float, x: Any = None, y: Any = None, *_: Any, **__: Any) -> None:
-    """Scrolls ``clicks`` notches: positive up, negative down."""
+def _wheel(clicks: float, x: Any, y: Any, positive: int, negative: int) -> None:
+    """Moves to (x, y) when given, then clicks wheel button ``positive`` or ``negative`` |clicks| times."""
     to = _xy(x, y)
     if to is not None:
         _xdo("mousemove", *to)
     n = int(clicks)
     if n:
-        _xdo("click", "--repeat", abs(n), "--delay", 20, 4 if n > 0 else 5)
+        _xdo("click", "--repeat", abs(n), "--delay", 20, positive if n > 0 else negative)
     _pause()
+
+
+def scroll(clicks: float, x: Any = None, y: Any = None, *_: Any, **__: Any) -> None:
+    """Scrolls ``clicks`` notches: positive up, negative down."""
+    _wheel(clicks, x, y, 4, 5)
 
 
 vscroll = scroll
@@ -214,13 +219,7 @@ vscroll = scroll
 
 def hscroll(clicks: float, x: Any = None, y: Any = None, *_: Any, **__: Any) -> None:
     """Scrolls sideways: positive right, negative left."""
-    to = _xy(x, y)
-    if to is not None:
-        _xdo("mousemove", *to)
-    n = int(clicks)
-    if n:
-        _xdo("click", "--repeat", abs(n), "--delay", 20, 7 if n > 0 else 6)
-    _pause()
+    _wheel(clicks, x, y, 7, 6)
 
 
 def typewrite(message: str | Iterable[str], interval: float = 0.0, *_: Any, **__: Any) -> None:
