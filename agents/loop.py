@@ -114,7 +114,6 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
     try:
         first_obs, _ = await loop.run_in_executor(executor, partial(env.reset, options={"task": task}))
         turns: list[Turn] = []
-        history: list[dict] = []
         prev_obs = first_obs
         while True:
             index = len(traj.steps)
@@ -145,12 +144,11 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
             if "aborted" in info:
                 traj.status, traj.error = "aborted", str(info["aborted"])
                 break
-            action = state.get("action") or gen.text
             if judge is not None:
                 images = (_screens(prev_obs) + _screens(obs)) or None
-                req = JudgeRequest(env.family, task.instruction, list(history), action, state, images)
+                history = [{"action": s.action or s.text, "next_state": s.next_state} for s in traj.steps[:-1]]
+                req = JudgeRequest(env.family, task.instruction, history, step.action or gen.text, state, images)
                 pending.append((step, asyncio.create_task(_timed_judge(judge, req))))
-            history.append({"action": action, "next_state": state})
             turns.append(Turn(gen.text, obs, valid=bool(state.get("valid", True))))
             prev_obs = obs
             if terminated or truncated:
