@@ -1,0 +1,230 @@
+"""Batched generation for a local transformers model: a request batcher and a decode loop.
+
+:class:`Batcher` collects requests from any thread or event loop for a few
+milliseconds (and everything that arrived while the previous batch ran) and
+hands them to one worker thread as one batch. :func:`decode` then generates
+all rows of a batch together: prompts left-padded, one forward pass per new
+token for every unfinished row, with a KV cache; rows that finish leave the
+batch (their cache rows are dropped).
+
+Why not transformers' own continuous batching (``generate_batch`` /
+``init_continuous_batching``, transformers 5)? It runs on CPU here and its
+log-probs match a recomputation for plain sampling, but it cannot serve what
+the trainer and the agent loop need per request: ``do_sample`` and
+``num_return_sequences`` are manager-wide (greedy and sampled requests, and
+the judge's ``n=m`` votes, cannot share it), there are no stop strings and no
+per-request seeds, its log-probs are those of the processed distribution
+(top-p truncated) rather than the untruncated one the trainer recomputes, and
+its scheduler thread steps the model on its own, so the trainer's weight swap
+would have to stop and restart it (an 18 s warm-up on this CPU). The loop
+here is short, and each row keeps its own temperature, top-p, length limit,
+stop conditions and random generator.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from agents.policy import PolicyError
+
+
+@dataclass
+class Row:
+    """One sequence to generate.
+
+    ``temperature`` 0 means greedy. ``generator`` draws this row's samples (so a
+    seeded request gives the same tokens whatever else shares its batch).
+    """
+
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class Decoded:
+    """What one row produced: tokens, ``log_softmax(logits / T)`` of each, and whether a
+    stop condition (rather than the length limit) ended it."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stopped: bool = False
+
+
+def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
+            rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token of each row and its log-prob under ``log_softmax(logits / T)`` (T = 1 when greedy)."""
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens = logits.argmax(dim=-1)
+    sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+    if sampled:
+        probs = logp[sampled].exp()
+        p = top_p[sampled]
+        if bool((p < 1).any()):  # nucleus: keep the smallest prefix whose mass reaches top_p
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= p[:, None]
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        for j, i in enumerate(sampled):
+            tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+@torch.no_grad()
+def decode(model: Any, rows: Sequence[Row], pad_id: int,
+           text_of: Callable[[list[int]], str] | None = None) -> list[Decoded]:
+    """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings."""
+    from transformers import DynamicCache
+
+    device = model.device
+    width = max(len(r.prompt) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
+        mask[i, width - len(r.prompt):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
+    nxt = positions[:, -1] + 1
+    temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
+    top_p = torch.tensor([r.top_p for r in rows], device=device)
+    out = [Decoded() for _ in rows]
+    active = list(range(len(rows)))   # batch position -> row index
+    while True:
+        tokens, logps = _choose(logits, temps, top_p, [rows[i] for i in active])
+        keep = []
+        for j, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), logps.tolist())):
+            row, got = rows[i], out[i]
+            got.ids.append(tok)
+            got.logprobs.append(lp)
+            got.stopped = tok in row.stop_ids or bool(
+                row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
+            if not got.stopped and len(got.ids) < row.max_new_tokens:
+                keep.append(j)
+        if not keep:
+            return out
+        if len(keep) < len(active):   # finished rows leave the batch and the cache
+            sel = torch.tensor(keep, device=device)
+            cache.batch_select_indices(sel)
+            mask, nxt, temps, top_p, tokens = mask[sel], nxt[sel], temps[sel], top_p[sel], tokens[sel]
+            active = [active[j] for j in keep]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=nxt[:, None],
+                       past_key_values=cache, use_cache=True).logits[:, -1].float()
+        nxt = nxt + 1
+
+
+_STOP = object()
+
+
+class Batcher:
+    """Runs ``run_batch(items) -> results`` on one worker thread, batching what callers submit.
+
+    A batch is everything queued when the worker gets to it, plus what arrives
+    within ``window_s`` of its first item, up to ``max_rows`` rows (``rows_of``
+    counts an item's rows; an item larger than that runs alone). ``run_batch``
+    returns one result or exception per item; an exception is raised to that
+    item's caller only. Cancelled requests are skipped. ``submit`` is
+    thread-safe and never blocks.
+    """
+
+    def __init__(self, run_batch: Callable[[list[Any]], list[Any]], *, window_s: float = 0.005,
+                 max_rows: int = 256, rows_of: Callable[[Any], int] = lambda item: 1,
+                 name: str = "batcher"):
+        self.run_batch, self.window_s, self.max_rows, self.rows_of = run_batch, window_s, max_rows, rows_of
+        self.name = name
+        self.batches = 0          # run_batch calls
+        self.items = 0            # items run
+        self.largest = 0          # most items in one batch
+        self._queue: queue.Queue = queue.Queue()
+        self._carry: list[tuple[Any, Future]] = []
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, item: Any) -> Future:
+        """Queue ``item``; the future gets its result (or exception)."""
+        if self._closed:
+            raise PolicyError(f"{self.name} is closed")
+        fut: Future = Future()
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+        self._queue.put((item, fut))
+        return fut
+
+    def close(self) -> None:
+        """Stop the worker after the batch it is running; queued requests fail."""
+        self._closed = True
+        self._queue.put(_STOP)
+
+    def _take(self) -> list[tuple[Any, Future]] | None:
+        batch = self._carry or []
+        self._carry = []
+        if not batch:
+            first = self._queue.get()
+            if first is _STOP:
+                return None
+            batch = [first]
+        rows = sum(self.rows_of(item) for item, _ in batch)
+        deadline = time.monotonic() + self.window_s
+        while rows < self.max_rows:
+            try:
+                left = deadline - time.monotonic()
+                nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is _STOP:
+                self._queue.put(_STOP)
+                break
+            if rows + self.rows_of(nxt[0]) > self.max_rows:
+                self._carry = [nxt]
+                break
+            batch.append(nxt)
+            rows += self.rows_of(nxt[0])
+        return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                break
+            batch = [(item, fut) for item, fut in batch if fut.set_running_or_notify_cancel()]
+            if not batch:
+                continue
+            self.batches += 1
+            self.items += len(batch)
+            self.largest = max(self.largest, len(batch))
+            try:
+                results = self.run_batch([item for item, _ in batch])
+            except BaseException as e:  # run_batch isolates per-item errors; this is a bug or a crash
+                results = [e] * len(batch)
+            for (_, fut), res in zip(batch, results):
+                if isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+        closed = PolicyError(f"{self.name} was closed before this request ran")
+        for _, fut in self._carry:
+            fut.set_exception(closed)
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if entry is not _STOP and entry[1].set_running_or_notify_cancel():
+                entry[1].set_exception(closed)
