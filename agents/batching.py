@@ -3,9 +3,10 @@
 :class:`Batcher` collects requests from any thread or event loop for a few
 milliseconds (and everything that arrived while the previous batch ran) and
 hands them to one worker thread as one batch. :func:`decode` then generates
-all rows of a batch together: prompts left-padded, one forward pass per new
-token for every unfinished row, with a KV cache; rows that finish leave the
-batch (their cache rows are dropped).
+all rows of a batch together: the prefix the prompts share prefilled once,
+the rest left-padded, one forward pass per new token for every unfinished
+row, with a KV cache; rows that finish leave the batch (their cache rows are
+dropped).
 
 Why not transformers' own continuous batching (``generate_batch`` /
 ``init_continuous_batching``, transformers 5)? It runs on CPU here and its
@@ -23,6 +24,7 @@ stop conditions and random generator.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -80,22 +82,44 @@ def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
+def common_prefix(prompts: Sequence[list[int]]) -> int:
+    """Length of the longest prefix all ``prompts`` share, leaving each at least one token."""
+    if len(prompts) < 2:
+        return 0
+    return min(len(os.path.commonprefix(list(prompts))), min(map(len, prompts)) - 1)
+
+
 @torch.no_grad()
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
            text_of: Callable[[list[int]], str] | None = None) -> list[Decoded]:
-    """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings."""
+    """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
+
+    The prefix every prompt shares (a system prompt and tool schemas, the judge's
+    template, the ``n`` copies of a voting request) is prefilled once and its
+    KV cache copied to every row; the rest of each prompt follows it,
+    left-padded, so a row reads ``[shared prefix][padding][own suffix]`` with
+    the padding masked out and position ids counting real tokens only.
+    """
     from transformers import DynamicCache
 
     device = model.device
-    width = max(len(r.prompt) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r.prompt):] = torch.tensor(r.prompt, dtype=torch.long)
-        mask[i, width - len(r.prompt):] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    shared = common_prefix([r.prompt for r in rows])
+    if shared:
+        prefix = torch.tensor([rows[0].prompt[:shared]], dtype=torch.long, device=device)
+        model(input_ids=prefix, position_ids=torch.arange(shared, device=device)[None],
+              past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(len(rows))
+    width = max(len(r.prompt) for r in rows) - shared
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+    mask[:, :shared] = 1
+    for i, r in enumerate(rows):
+        own = r.prompt[shared:]
+        ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
+        mask[i, shared + width - len(own):] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                    use_cache=True, logits_to_keep=1).logits[:, -1].float()
     nxt = positions[:, -1] + 1

@@ -5,8 +5,8 @@ Generation is batched: requests from concurrent episodes and from the judge
 milliseconds by a :class:`~agents.batching.Batcher` and generated together by
 :func:`~agents.batching.decode` on one worker thread (see
 :mod:`agents.batching` for why this and not transformers' continuous
-batching). A batch is split into sub-batches of similar prompt length so that
-the left-padded prefill stays within ``max_batch_tokens``.
+batching). A batch is split into sub-batches of rows that share a prompt
+prefix (prefilled once per sub-batch), each within ``max_batch_tokens``.
 
 Log-probs: for each sampled token, ``log_softmax(raw_logits / T)[token]`` with
 ``T`` the sampling temperature (``T = 1`` for greedy decoding). That is the
@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from agents.batching import Batcher, Decoded, Row, decode
+from agents.batching import Batcher, Decoded, Row, common_prefix, decode
 from agents.policy import Generation, Policy
 
 
@@ -48,14 +48,15 @@ class HFPolicy(Policy):
     ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
     preset's weights. ``batch_window_s``: how long a batch waits for more
     requests after its first; ``max_batch_rows``: rows per batch;
-    ``max_batch_tokens``: rows x padded prompt length per forward pass.
+    ``max_batch_tokens``: token positions one sub-batch's prefill may run;
+    ``join_slack_tokens``: see :meth:`_chunks`.
     ``decode_calls`` counts batched generations (one per sub-batch).
     """
 
     def __init__(self, model_name_or_path: str = "tiny", device: str = "cpu", dtype: Any = None, *,
                  seed: int = 0, max_new_tokens: int = 512, name: str | None = None,
                  batch_window_s: float = 0.005, max_batch_rows: int = 256,
-                 max_batch_tokens: int = 262144):
+                 max_batch_tokens: int = 262144, join_slack_tokens: int = 2048):
         import torch
         if model_name_or_path == "tiny":
             from agents.tiny import load_tiny
@@ -67,7 +68,7 @@ class HFPolicy(Policy):
         self.model.to(device=device, dtype=dtype or torch.float32).eval()
         self.device = device
         self.max_new_tokens = max_new_tokens
-        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_tokens, self.join_slack_tokens = max_batch_tokens, join_slack_tokens
         self.name = name or f"hf:{model_name_or_path}"
         self.renders_tools = "tools" in (self.tokenizer.chat_template or "")
         self.lock = threading.Lock()
@@ -159,7 +160,7 @@ class HFPolicy(Policy):
                 results[k] = e
         outs: dict[int, list[Decoded | None]] = {k: [None] * len(rs) for k, rs in rows.items()}
         flat = sorted(((k, i, r) for k, rs in rows.items() for i, r in enumerate(rs)),
-                      key=lambda kir: len(kir[2].prompt))   # similar lengths share a sub-batch
+                      key=lambda kir: kir[2].prompt)   # shared prefixes side by side
         alone: set[int] = set()
         for chunk in self._chunks(flat):
             chunk = [(k, i, r) for k, i, r in chunk if k not in alone]
@@ -183,13 +184,23 @@ class HFPolicy(Policy):
         return results
 
     def _chunks(self, flat: list[tuple[int, int, Row]]) -> list[list[tuple[int, int, Row]]]:
-        """Consecutive rows (sorted by prompt length) with rows x longest prompt <= max_batch_tokens."""
+        """Sub-batches of consecutive rows (sorted by prompt, so a sub-batch shares the prefix its
+        first and last rows share): a row joins the current sub-batch when that adds no more
+        prefill than running it alone would, plus ``join_slack_tokens`` (what another sub-batch's
+        decode loop costs, in prefill tokens), within ``max_batch_tokens``."""
         chunks: list[list[tuple[int, int, Row]]] = []
         for kir in flat:
-            if chunks and (len(chunks[-1]) + 1) * len(kir[2].prompt) <= self.max_batch_tokens:
-                chunks[-1].append(kir)
-            else:
-                chunks.append([kir])
+            prompt = kir[2].prompt
+            if chunks:
+                short, long = min(shortest, len(prompt)), max(longest, len(prompt))
+                shared = min(common_prefix([chunks[-1][0][2].prompt, prompt]), short - 1)
+                grown = shared + (len(chunks[-1]) + 1) * (long - shared)
+                if grown <= min(cost + len(prompt) + self.join_slack_tokens, self.max_batch_tokens):
+                    chunks[-1].append(kir)
+                    cost, shortest, longest = grown, short, long
+                    continue
+            chunks.append([kir])
+            cost = shortest = longest = len(prompt)
         return chunks
 
     async def _run(self, messages: list[dict], tools: list[dict] | None, n: int,
