@@ -24,6 +24,8 @@ stop conditions and random generator.
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import queue
 import threading
@@ -151,35 +153,34 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
         nxt = nxt + 1
 
 
-_STOP = object()
-
-
 class Batcher:
-    """Runs ``run_batch(items) -> results`` on one worker thread, batching what callers submit.
+    """Runs ``run_batch(items, deliver)`` on one worker thread, batching what callers submit.
 
-    A batch is everything queued when the worker gets to it, plus what arrives
-    within ``window_s`` of its first item, up to ``max_rows`` rows (``rows_of``
-    counts an item's rows; an item larger than that runs alone). ``run_batch``
-    returns one result or exception per item; an exception is raised to that
-    item's caller only. Cancelled requests are skipped. ``submit`` is
+    A batch is taken from the queue when the worker is free: what is queued,
+    plus what arrives within ``window_s`` of the first item, up to ``max_rows``
+    rows (``rows_of`` counts an item's rows; an item larger than that runs
+    alone), lower ``priority`` first, then in order of arrival. ``run_batch``
+    calls ``deliver(i, result_or_exception)`` for each item as soon as that item
+    is done (an exception is raised to that item's caller only); an item it
+    leaves undelivered fails. Cancelled requests are skipped. ``submit`` is
     thread-safe and never blocks.
     """
 
-    def __init__(self, run_batch: Callable[[list[Any]], list[Any]], *, window_s: float = 0.005,
-                 max_rows: int = 256, rows_of: Callable[[Any], int] = lambda item: 1,
+    def __init__(self, run_batch: Callable[[list[Any], Callable[[int, Any], None]], None], *,
+                 window_s: float = 0.005, max_rows: int = 32, rows_of: Callable[[Any], int] = lambda item: 1,
                  name: str = "batcher"):
         self.run_batch, self.window_s, self.max_rows, self.rows_of = run_batch, window_s, max_rows, rows_of
         self.name = name
         self.batches = 0          # run_batch calls
         self.items = 0            # items run
         self.largest = 0          # most items in one batch
-        self._queue: queue.Queue = queue.Queue()
-        self._carry: list[tuple[Any, Future]] = []
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
 
-    def submit(self, item: Any) -> Future:
+    def submit(self, item: Any, priority: int = 0) -> Future:
         """Queue ``item``; the future gets its result (or exception)."""
         if self._closed:
             raise PolicyError(f"{self.name} is closed")
@@ -188,23 +189,20 @@ class Batcher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
-        self._queue.put((item, fut))
+        self._queue.put((priority, next(self._seq), item, fut))
         return fut
 
     def close(self) -> None:
         """Stop the worker after the batch it is running; queued requests fail."""
         self._closed = True
-        self._queue.put(_STOP)
+        self._queue.put((-math.inf, next(self._seq), None, None))
 
     def _take(self) -> list[tuple[Any, Future]] | None:
-        batch = self._carry or []
-        self._carry = []
-        if not batch:
-            first = self._queue.get()
-            if first is _STOP:
-                return None
-            batch = [first]
-        rows = sum(self.rows_of(item) for item, _ in batch)
+        first = self._queue.get()
+        if first[3] is None:
+            return None
+        batch = [first]
+        rows = self.rows_of(first[2])
         deadline = time.monotonic() + self.window_s
         while rows < self.max_rows:
             try:
@@ -212,15 +210,12 @@ class Batcher:
                 nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if nxt is _STOP:
-                self._queue.put(_STOP)
-                break
-            if rows + self.rows_of(nxt[0]) > self.max_rows:
-                self._carry = [nxt]
+            if nxt[3] is None or rows + self.rows_of(nxt[2]) > self.max_rows:
+                self._queue.put(nxt)   # the stop, or the next batch's first item
                 break
             batch.append(nxt)
-            rows += self.rows_of(nxt[0])
-        return batch
+            rows += self.rows_of(nxt[2])
+        return [(item, fut) for _, _, item, fut in batch]
 
     def _loop(self) -> None:
         while True:
@@ -233,22 +228,25 @@ class Batcher:
             self.batches += 1
             self.items += len(batch)
             self.largest = max(self.largest, len(batch))
+            futures = [fut for _, fut in batch]
+
+            def deliver(i: int, result: Any) -> None:
+                fut = futures[i]
+                if not fut.done():
+                    (fut.set_exception if isinstance(result, BaseException) else fut.set_result)(result)
+
             try:
-                results = self.run_batch([item for item, _ in batch])
+                self.run_batch([item for item, _ in batch], deliver)
             except BaseException as e:  # run_batch isolates per-item errors; this is a bug or a crash
-                results = [e] * len(batch)
-            for (_, fut), res in zip(batch, results):
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
+                for i in range(len(futures)):
+                    deliver(i, e)
+            for i in range(len(futures)):
+                deliver(i, PolicyError(f"{self.name}: no result for this request"))
         closed = PolicyError(f"{self.name} was closed before this request ran")
-        for _, fut in self._carry:
-            fut.set_exception(closed)
         while True:
             try:
-                entry = self._queue.get_nowait()
+                _, _, _, fut = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if entry is not _STOP and entry[1].set_running_or_notify_cancel():
-                entry[1].set_exception(closed)
+            if fut is not None and fut.set_running_or_notify_cancel():
+                fut.set_exception(closed)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from agents.batching import Batcher, Decoded, Row, common_prefix, decode
 from agents.policy import Generation, Policy
@@ -35,6 +35,7 @@ class _Request:
     tools: list[dict] | None
     n: int
     sampling: dict[str, Any]
+    priority: int = 1
 
 
 class HFPolicy(Policy):
@@ -47,7 +48,8 @@ class HFPolicy(Policy):
     its tokens do not depend on what else shares its batch. The model runs in
     ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
     preset's weights. ``batch_window_s``: how long a batch waits for more
-    requests after its first; ``max_batch_rows``: rows per batch;
+    requests after its first; ``max_batch_rows``: rows per batch (a batch holds the
+    worker until its last row is done, so this bounds how long a new request waits);
     ``max_batch_tokens``: token positions one sub-batch's prefill may run;
     ``join_slack_tokens``: see :meth:`_chunks`.
     ``decode_calls`` counts batched generations (one per sub-batch).
@@ -55,7 +57,7 @@ class HFPolicy(Policy):
 
     def __init__(self, model_name_or_path: str = "tiny", device: str = "cpu", dtype: Any = None, *,
                  seed: int = 0, max_new_tokens: int = 512, name: str | None = None,
-                 batch_window_s: float = 0.005, max_batch_rows: int = 256,
+                 batch_window_s: float = 0.005, max_batch_rows: int = 32,
                  max_batch_tokens: int = 262144, join_slack_tokens: int = 2048):
         import torch
         if model_name_or_path == "tiny":
@@ -149,39 +151,45 @@ class HFPolicy(Policy):
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self._eos_ids()[0]
 
-    def _run_batch(self, reqs: list[_Request]) -> list[list[Generation] | BaseException]:
-        """Generations for every request of a batch (worker thread); an error stays with its request."""
-        results: list[Any] = [None] * len(reqs)
+    def _run_batch(self, reqs: list[_Request], deliver: Callable[[int, Any], None]) -> None:
+        """Generations for every request of a batch (worker thread), each delivered as soon as
+        its rows are done; an error stays with its request."""
         rows: dict[int, list[Row]] = {}
         for k, req in enumerate(reqs):
             try:
                 rows[k] = self._rows(req)
             except Exception as e:
-                results[k] = e
+                deliver(k, e)
         outs: dict[int, list[Decoded | None]] = {k: [None] * len(rs) for k, rs in rows.items()}
-        flat = sorted(((k, i, r) for k, rs in rows.items() for i, r in enumerate(rs)),
-                      key=lambda kir: kir[2].prompt)   # shared prefixes side by side
-        alone: set[int] = set()
+        left = {k: len(rs) for k, rs in rows.items()}
+        flat = sorted(((k, i, r) for k, rs in rows.items() for i, r in enumerate(rs)),   # shared
+                      key=lambda kir: (reqs[kir[0]].priority, kir[2].prompt))   # prefixes side by side
+
+        def done(k: int) -> None:
+            del left[k]
+            deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
+
         for chunk in self._chunks(flat):
-            chunk = [(k, i, r) for k, i, r in chunk if k not in alone]
+            chunk = [(k, i, r) for k, i, r in chunk if k in left]
             if not chunk:
                 continue
             try:
                 got = self._decode([r for _, _, r in chunk])
             except Exception:   # run each request of the sub-batch alone: only the culprit fails
                 for k in dict.fromkeys(k for k, _, _ in chunk):
-                    alone.add(k)
                     try:
                         outs[k] = list(self._decode(rows[k]))
                     except Exception as e:
-                        results[k] = e
+                        del left[k]
+                        deliver(k, e)
+                    else:
+                        done(k)
                 continue
             for (k, i, _), d in zip(chunk, got):
                 outs[k][i] = d
-        for k, rs in rows.items():
-            if results[k] is None:
-                results[k] = [self._generation(r, d) for r, d in zip(rs, outs[k])]
-        return results
+                left[k] -= 1
+                if not left[k]:
+                    done(k)
 
     def _chunks(self, flat: list[tuple[int, int, Row]]) -> list[list[tuple[int, int, Row]]]:
         """Sub-batches of consecutive rows (sorted by prompt, so a sub-batch shares the prefix its
@@ -204,8 +212,9 @@ class HFPolicy(Policy):
         return chunks
 
     async def _run(self, messages: list[dict], tools: list[dict] | None, n: int,
-                   sampling: dict[str, Any]) -> list[Generation]:
-        return await asyncio.wrap_future(self.batcher.submit(_Request(messages, tools, n, sampling)))
+                   sampling: dict[str, Any], priority: int = 1) -> list[Generation]:
+        req = _Request(messages, tools, n, sampling, priority)
+        return await asyncio.wrap_future(self.batcher.submit(req, priority))
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None,
                        **sampling: Any) -> Generation:
@@ -213,8 +222,11 @@ class HFPolicy(Policy):
 
     async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
                        max_tokens: int = 1024) -> list[str]:
-        """``n`` answers sampled as one request of ``n`` rows (batched with whatever else is pending)."""
-        gens = await self._run(messages, None, n, {"temperature": temperature, "max_tokens": max_tokens})
+        """``n`` answers sampled as one request of ``n`` rows, batched with whatever else is
+        pending but ahead of :meth:`generate` requests: this is what the step judge calls, under
+        a timeout, while an episode's next turn can wait."""
+        gens = await self._run(messages, None, n, {"temperature": temperature, "max_tokens": max_tokens},
+                               priority=0)
         return [g.text for g in gens]
 
     async def aclose(self) -> None:

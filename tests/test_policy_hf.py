@@ -278,3 +278,28 @@ async def test_shared_prefix_is_prefilled_once_and_stays_exact():
     assert policy.decode_calls == 2
     for gen in gens:
         assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_judge_requests_go_ahead_of_queued_turns():
+    """``complete`` (the judge's call, under a timeout) is taken before queued ``generate``
+    turns, and each request is answered as soon as its own rows are done."""
+    policy = HFPolicy("tiny", max_batch_rows=2)
+    finished: list[str] = []
+
+    async def turn(k: int) -> None:
+        await policy.generate(_chat(k), temperature=1.0, max_tokens=4)
+        finished.append(f"turn{k}")
+
+    async def vote() -> None:
+        await policy.complete(_chat(0), n=2, temperature=0.6, max_tokens=4)
+        finished.append("vote")
+
+    with policy.lock:   # the worker takes the first batch and waits on the lock
+        first = asyncio.ensure_future(turn(0))
+        await asyncio.sleep(0.3)
+        rest = [asyncio.ensure_future(turn(k)) for k in range(1, 7)]
+        await asyncio.sleep(0.1)
+        judge = asyncio.ensure_future(vote())
+        await asyncio.sleep(0.1)
+    await asyncio.gather(first, judge, *rest)
+    assert finished[:2] == ["turn0", "vote"], finished
