@@ -359,8 +359,7 @@ class SandboxPool:
         running: dict[int, set[str]] = {}
         for idx, client in enumerate(self._clients):
             try:
-                listed = client.api.containers(filters={"label": f"{containers.RUN_LABEL}={self.run_id}",
-                                                        "status": "running"})
+                listed = containers.project_containers(client, self.run_id, running=True)
             except Exception as e:
                 log.debug("listing containers: %s", e)
                 continue
