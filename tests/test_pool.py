@@ -151,3 +151,26 @@ def test_local_backend_pool_warns_and_works():
         pool = SandboxPool(size=1, backend="local")
     with pool, pool.leased(timeout=30) as sb:
         assert sb.run("echo hi").stdout == "hi\n"
+
+
+def test_work_is_handed_to_the_workers_under_the_lock():
+    """release() and the respawn check ``closed`` and submit in one critical section, so a
+    close() racing them can't shut the executor down in between (RuntimeError: cannot
+    schedule new futures after shutdown)."""
+    with pytest.warns(RuntimeWarning):
+        pool = SandboxPool(size=1, backend="local")
+    real = pool._workers
+
+    class Checked:
+        def submit(self, fn, *args):
+            assert pool._lock.locked() and not pool._closed, "submitted outside the lock"
+            return real.submit(fn, *args)
+
+        def shutdown(self, **kw):
+            real.shutdown(**kw)
+
+    with pool:
+        pool._workers = Checked()
+        with pool.leased(timeout=30) as sb:
+            sb.run("true")
+        pool.wait_ready(30)
