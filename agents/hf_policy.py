@@ -7,6 +7,8 @@ milliseconds by a :class:`~agents.batching.Batcher` and generated together by
 :mod:`agents.batching` for why this and not transformers' continuous
 batching). A batch is split into sub-batches of rows that share a prompt
 prefix (prefilled once per sub-batch), each within ``max_batch_tokens``.
+The judge's ``complete`` requests are queued ahead of ``generate`` turns: the
+judge waits under a timeout, an episode's next turn does not.
 
 Log-probs: for each sampled token, ``log_softmax(raw_logits / T)[token]`` with
 ``T`` the sampling temperature (``T = 1`` for greedy decoding). That is the
@@ -42,8 +44,8 @@ class HFPolicy(Policy):
     """A local model serving batched generations from one worker thread.
 
     ``.model`` and ``.tokenizer`` are public: the local trainer updates
-    ``.model`` in place, holding ``.lock`` while it does (a batch holds it from
-    its first token to its last, so no generation sees half-swapped weights).
+    ``.model`` in place, holding ``.lock`` while it does (each sub-batch holds it
+    from its first token to its last, so no generation sees half-swapped weights).
     ``seed=`` in :meth:`generate` seeds that request's own random generator, so
     its tokens do not depend on what else shares its batch. The model runs in
     ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
