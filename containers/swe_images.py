@@ -215,11 +215,13 @@ def setup_repo_script(row: dict[str, Any], spec: dict[str, Any], local: bool) ->
 
 def ca_bundle_path(explicit: str | None = None) -> Path | None:
     """The CA bundle to trust inside builds: ``explicit``, else the host's pip/requests/OpenSSL bundle."""
-    for candidate in (explicit, *(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
+    if explicit:
+        if not Path(explicit).is_file():
+            raise SpecError(f"--ca-bundle {explicit}: no such file")
+        return Path(explicit)
+    for candidate in (*(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    if explicit:
-        raise SpecError(f"--ca-bundle {explicit}: no such file")
     return None
 
 

@@ -191,8 +191,8 @@ def complete_row(row: dict[str, Any]) -> dict[str, Any]:
         return row
     row = dict(row)
     row.setdefault("version", "")
+    row["eval_script"] = row.get("eval_script") or eval_script(row)
     row["image"] = row.get("image") or image_name(row)
     row["log_parser"] = row.get("log_parser") or log_parser(row)
     row["eval_type"] = row.get("eval_type") or eval_type(row)
-    row["eval_script"] = row.get("eval_script") or eval_script(row)
     return row
