@@ -256,11 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.add_argument("--ids", help="comma-separated task ids to run (default all)")
     p.add_argument("--backend", default="auto", choices=["auto", "docker", "local"], help="sandbox backend")
+    p.add_argument("--grade-network", choices=["on", "off"],
+                   help="SWE: network in the grading container (default on, as swebench's harness)")
     args = p.parse_args(argv)
     try:
         report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
-                          ids=args.ids.split(",") if args.ids else None)
+                          ids=args.ids.split(",") if args.ids else None,
+                          env_kwargs={"grade_network": args.grade_network == "on"} if args.grade_network else None)
     except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
         print(f"error: {e}", file=sys.stderr)
         return 2
