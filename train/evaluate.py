@@ -165,10 +165,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
     probe.close()
     everything, loaded = loaded, [t for t in loaded if t.id not in {r["task_id"] for r in skipped}]
     parallel = max(1, min(parallel, len(loaded) or 1))
-    # no warm sandboxes of the family's image when no task runs in it (SWE-bench rows name their own)
-    own_image = any(not isinstance(t.data, dict) or t.data.get("image", env_cls.image) == env_cls.image
-                    for t in loaded)
-    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset and own_image else None
+    pool = env_cls.shared_pool(loaded, parallel, backend=backend)
     policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
 
     def factory() -> NextStateEnv:
