@@ -144,7 +144,7 @@ class SWEEnv(NextStateEnv):
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
         instance = task.data
         image = harness_image(instance)
-        ensure_image(image)
+        ensure_image(image, instance["instance_id"])
         overrides = {"image": image, "user": sandbox_user(instance)}
         if not is_offline(instance):
             overrides["workdir"] = TESTBED

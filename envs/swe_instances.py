@@ -136,7 +136,7 @@ def checkout_command(instance: dict[str, Any]) -> str:
             f"git -c advice.detachedHead=false checkout -q {base}; }}")
 
 
-def ensure_image(image: str) -> None:
+def ensure_image(image: str, instance_id: str = "INSTANCE_ID") -> None:
     """Make sure ``image`` is on the Docker engine: build ours, pull others, else a clear error."""
     with _image_lock:
         if image in _checked_images:
@@ -158,7 +158,7 @@ def ensure_image(image: str) -> None:
                     except docker.errors.DockerException as e:
                         raise InstanceError(
                             f"image {image} is not on this Docker engine and pulling it failed; build it "
-                            "with `python -m containers build-swe --tasks ROWS --ids INSTANCE_ID` "
+                            f"with `python -m containers build-swe --tasks ROWS --ids {instance_id}` "
                             "(--repo-source DIR without GitHub access). Docker said: "
                             f"{' '.join(str(e).split())}") from None
         finally:

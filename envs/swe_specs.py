@@ -51,7 +51,8 @@ _FLASK_PINS_3_11 = ["setuptools==70.0.0", "click==8.1.3", "itsdangerous==2.1.2",
 #: Install specs per repository and version: facts from SWE-bench's harness (swebench 4's
 #: ``MAP_REPO_VERSION_TO_SPECS``). ``python``: the interpreter; ``requirements``: files at the
 #: environment setup commit to pip-install (first that exists); ``pip_packages``: extra pins;
-#: ``install``: how the repo is installed; ``test_cmd``: the test command.
+#: ``install``: how the repo is installed; ``test_cmd``: the test command; optional ``pre_install``,
+#: ``eval_commands`` and ``log_parser`` (a name in swebench's ``PARSER_REGISTRY``, for repos it lacks).
 SPECS: dict[str, dict[str, dict[str, Any]]] = {
     "pallets/flask": {
         "2.0": {"python": "3.9", "requirements": ["requirements/dev.txt"], "install": "python -m pip install -e .",
@@ -128,8 +129,12 @@ def image_name(row: dict[str, Any]) -> str:
 
 
 def log_parser(row: dict[str, Any]) -> str:
-    """The name of swebench's log parser for the row's repository."""
+    """The name of swebench's log parser for the row's repository (a spec's ``log_parser`` first)."""
     from swebench.harness import log_parsers
+
+    named = specs().get(row["repo"], {}).get(str(row.get("version", "")), {}).get("log_parser")
+    if named:
+        return named
 
     parser = None
     for language, suffix in (("python", "PY"), ("javascript", "JS"), ("c", "C"), ("go", "GO"),
