@@ -51,7 +51,8 @@ import docker
 
 from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
 
-from .build import HASH_LABEL, Progress, docker_build, image_info, image_label, is_offline, rootfs_image
+from .build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
+                    rootfs_image)
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
@@ -151,7 +152,8 @@ def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) 
     lines = []
     for line in text.splitlines():
         if line.strip().startswith("-r"):
-            included = read_at(row["repo"], source, commit, os.path.normpath(os.path.join(folder, line.strip()[2:].strip())))
+            include = os.path.normpath(os.path.join(folder, line.strip()[2:].strip()))
+            included = read_at(row["repo"], source, commit, include)
             lines += [x for x in (included or "").splitlines() if not x.strip().startswith(REQUIREMENT_SKIP)]
         elif not line.strip().startswith(REQUIREMENT_SKIP):
             lines.append(line)
@@ -168,12 +170,13 @@ def setup_env_script(spec: dict[str, Any]) -> str:
         "set -euxo pipefail",
         TRUST_CA,
         f"mkdir -p {CONDA}/bin {CONDA}/etc/profile.d {CONDA}/envs",
-        f"python{spec['python']} -m venv {CONDA}/envs/{ENV_NAME} 2>/dev/null || python3 -m venv {CONDA}/envs/{ENV_NAME}",
+        f"python{spec['python']} -m venv {CONDA}/envs/{ENV_NAME}",
         f"cat > {CONDA}/bin/activate <<'NEXTSTATE_EOF'\n{CONDA_STANDIN}NEXTSTATE_EOF",
         f"cp {CONDA}/bin/activate {CONDA}/etc/profile.d/conda.sh",
         ACTIVATE,
-        "python -m pip install -q --upgrade pip setuptools wheel || true",
-        "if [ -s /nextstate-build/requirements.txt ]; then python -m pip install -r /nextstate-build/requirements.txt; fi",
+        "python -m pip install -q --upgrade pip",  # the distro's pip predates pyproject-only packages
+        "if [ -s /nextstate-build/requirements.txt ]; then "
+        "python -m pip install -r /nextstate-build/requirements.txt; fi",
         *([f"python -m pip install {pins}"] if pins else []),
         f"echo '{ACTIVATE}' >> /root/.bashrc",
     ]) + "\n"
@@ -254,7 +257,7 @@ def base_image(client: docker.DockerClient, python: str, offline: bool, progress
     suite = DEBIAN_PYTHON.get(python)
     if suite is None:
         raise SpecError(f"Python {python} is in no Debian suite this builder knows ({', '.join(DEBIAN_PYTHON)}), "
-                        "and no image registry answers for python:{python}; build where one does")
+                        f"and no image registry answers for python:{python}; build where one does")
     return rootfs_image(client, f"swe-{suite}", OFFLINE_PACKAGES, progress, False, suite=suite)
 
 
@@ -273,6 +276,7 @@ def build_one(row: dict[str, Any], *, client: docker.DockerClient, offline: bool
             return SWEBuilt(row["instance_id"], tag, True, time.monotonic() - start, old["Size"])
         base = base_image(client, spec_of(row)["python"], offline, progress)
         docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
+    finish(client, tag, old, progress)  # drops the image this one replaced
     return SWEBuilt(row["instance_id"], tag, False, round(time.monotonic() - start, 1),
                     client.api.inspect_image(tag)["Size"])
 
