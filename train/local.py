@@ -127,6 +127,8 @@ class LocalTrainer:
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
+        # R_t and the advantage each trained step got, keyed by (group_id, sample, step)
+        self.advantages = Recorder(output / "advantages.jsonl")
         self.judge = make_judge(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
 
@@ -146,6 +148,8 @@ class LocalTrainer:
         """Advantages, one update, weights to the serving model (learner thread)."""
         batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
                             role=self.cfg.train.role)
+        for row in batch.step_log:
+            self.advantages.record("advantage", {"train_step": step + 1, **row})
         metrics = dict(batch.metrics)
         metrics.update(self.learner.step(batch, progress=self.progress))
         self.learner.publish()
@@ -194,5 +198,6 @@ class LocalTrainer:
         """Release sandboxes, threads and log files."""
         self.metrics.close()
         self.recorder.close()
+        self.advantages.close()
         self.pool.close()
         asyncio.run(self.policy.aclose())
