@@ -14,6 +14,7 @@ are the ones recorded at rollout). ``max_staleness=0`` runs strictly in turn.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +126,7 @@ class LocalTrainer:
             self.start = int(meta["step"])
             log.info("resuming from %s (step %d)", ckpt, self.start)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
+        (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
         # R_t and the advantage each trained step got, keyed by (group_id, sample, step)
