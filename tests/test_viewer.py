@@ -23,7 +23,7 @@ import pytest
 from bench.viewer import CHROMIUM, launch_chromium, record_gui_episode, write_run
 from agents.recorder import Recorder
 from train.evaluate import evaluate
-from train.view import RunIndex, export, image_ref, main, make_server
+from train.view import RunIndex, export, image_ref, main, make_server, to_json
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -129,9 +129,13 @@ def test_live_run_half_written_lines_and_a_resumed_episode(tmp_path):
         f.write(json.dumps({"kind": "trajectory", "time": 0, **where, "status": "finished", "outcome": 1.0,
                             "steps": 2}) + "\n")
         f.write("{not json\n")
+        f.write(json.dumps({"kind": "judge", "time": 0, **where, "step": 1, "votes": [], "score": 0,
+                            "mean": float("nan"), "prompt": "p", "raw": []}) + "\n")   # NaN, as json.dumps writes it
     assert index.refresh()
     ep = index.overview()["episodes"][0]
     assert (ep["status"], ep["steps"], ep["outcome"], index.bad_lines) == ("finished", 2, 1.0, 1)
+    judged = json.loads(to_json(index.episode(0)), parse_constant=lambda c: pytest.fail(f"{c} sent"))
+    assert judged["steps_detail"][1]["judge"]["mean"] is None
     with (run / "rollouts.jsonl").open("a") as f:           # `--resume` plays the step again
         f.write(line + "\n")
     index.refresh()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import mimetypes
 import re
 import sys
@@ -368,6 +369,24 @@ _WHERE = {"kind", "time", "group_id", "task_id", "sample", "step"}
 _SHOWN = _WHERE | {"role", "text", "action", "next_state", "reward"}
 
 
+def to_json(obj: Any) -> str:
+    """JSON the browser can parse: NaN and infinities (which the recorder may write) become null."""
+    try:
+        return json.dumps(obj, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False, default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    return obj
+
+
 # -- the server ------------------------------------------------------------------------------
 def make_server(index: RunIndex, port: int = 8765, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     """An HTTP server for the page and its JSON API (``serve_forever`` to run it)."""
@@ -386,7 +405,7 @@ def make_server(index: RunIndex, port: int = 8765, host: str = "127.0.0.1") -> T
             self.wfile.write(body)
 
         def _json(self, obj: Any, status: int = 200) -> None:
-            self._send(json.dumps(obj, allow_nan=False, default=str).encode(), "application/json", status)
+            self._send(to_json(obj).encode(), "application/json", status)
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
@@ -414,6 +433,8 @@ def make_server(index: RunIndex, port: int = 8765, host: str = "127.0.0.1") -> T
                 return self._json({"error": f"no route {route}"}, HTTPStatus.NOT_FOUND)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+            except Exception as e:  # a bug or an unreadable file: say so, keep serving
+                self._json({"error": f"{type(e).__name__}: {e}"}, HTTPStatus.INTERNAL_SERVER_ERROR)
 
     return ThreadingHTTPServer((host, port), Handler)
 
@@ -429,7 +450,7 @@ def export(index: RunIndex, dest: str | Path) -> Path:
     data = {"overview": index.overview(),
             "episodes": {str(e["id"]): index.episode(e["id"], link=inline)
                          for e in index.overview()["episodes"]}}
-    blob = json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/")
+    blob = to_json(data).replace("</", "<\\/")
     html = PAGE.read_text().replace("/*EMBEDDED*/null", blob)
     dest = Path(dest)
     dest.write_text(html, encoding="utf-8")
