@@ -135,7 +135,7 @@ def _png(color: tuple[int, int, int], label: str) -> bytes:
     return buf.getvalue()
 
 
-def record_gui_episode(rec: Recorder, out: Path, group_id: str, train_step: int | None = None) -> None:
+def record_gui_episode(rec: Recorder, out: Path, group_id: str) -> None:
     """One two-step GUI episode whose screenshots are PNG files beside rollouts.jsonl, referenced
     by relative path; the first screenshot is also inline base64 in the messages (older runs)."""
     shots = out / "screens"
@@ -166,9 +166,10 @@ def record_gui_episode(rec: Recorder, out: Path, group_id: str, train_step: int 
 
 def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3, samples: int = 4,
               max_steps: int = 6, judge_votes: int = 3, gui: bool = True, seed: int = 0,
-              metrics_log: bool = False) -> dict[str, Any]:
+              metrics_log: bool = False, min_agent_steps: int = 0) -> dict[str, Any]:
     """A training run folder in the layout of ``python -m train``: rollouts.jsonl (agent loop
-    and recorder), advantages.jsonl (build_batch's step log), metrics.jsonl, config.json."""
+    and recorder), advantages.jsonl (build_batch's step log), metrics.jsonl, config.json.
+    ``train_steps`` training steps, or more until ``min_agent_steps`` agent steps are written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [Task(f"logs-{i:03d}", f"Find why worker {i} fails and fix it.") for i in range(max(8, tasks_per_step))]
@@ -183,7 +184,8 @@ def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3,
         metrics = MetricsLog(out)
     steps = 0
     try:
-        for k in range(train_steps):
+        k = 0
+        while k < train_steps or steps < min_agent_steps:
             chosen = [tasks[(k * tasks_per_step + j) % len(tasks)] for j in range(tasks_per_step)]
             trajs = asyncio.run(collect(lambda: LogEnv(tasks, max_steps=max_steps), policy, chosen,
                                         n_samples=samples, parallel=16, judge=judge, recorder=rec,
@@ -198,8 +200,9 @@ def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3,
             else:
                 with (out / "metrics.jsonl").open("a") as f:
                     f.write(json.dumps({"step": k + 1, **row}) + "\n")
+            k += 1
         if gui:
-            record_gui_episode(rec, out, f"desktop-save@s{train_steps}", train_steps)
+            record_gui_episode(rec, out, f"desktop-save@s{k}")
             steps += 2
     finally:
         rec.close()
@@ -290,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = Path(tmp) / "run"
             t = time.monotonic()
-            # 16 episodes per training step, about 3.3 steps each
-            figures.update(write_run(run, train_steps=max(1, round(args.steps / 53)), tasks_per_step=4,
+            # 16 episodes per training step, about 3.2 agent steps each
+            figures.update(write_run(run, train_steps=1, min_agent_steps=args.steps, tasks_per_step=4,
                                      samples=4, max_steps=6, gui=True))
             figures["write_s"] = round(time.monotonic() - t, 1)
         from train.view import RunIndex

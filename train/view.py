@@ -49,6 +49,7 @@ _KIND = re.compile(rb'^\{"kind": "(\w+)"')
 _TRAIN_STEP = re.compile(r"@s(\d+)$")          # group ids of `python -m train` end in @s<step>
 _IMAGE_FILE = re.compile(r"^[\w./-]+\.(png|jpe?g|webp|gif)$", re.IGNORECASE)
 _B64_MAGIC = {"iVBORw0KGgo": "image/png", "/9j/": "image/jpeg"}
+_DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -82,16 +83,21 @@ class Episode:
                 "mean_reward": sum(rewards) / len(rewards) if rewards else None}
 
 
-def _head(line: bytes, kind: bytes) -> dict[str, Any]:
-    """The small fields of a record, without parsing its large ones when the layout allows."""
-    cut = _CUT.get(kind)
-    i = line.find(cut) if cut else -1
+def _head(data: bytes, begin: int, end: int, kind: bytes | None) -> Any:
+    """The small fields of the record ``data[begin:end]``, without parsing (or copying) its
+    large ones when the layout allows."""
+    cut = _CUT.get(kind) if kind else None
+    i = data.find(cut, begin, end) if cut else -1
     if i > 0:
         try:
-            return json.loads(line[:i] + b"}")
+            return _loads(data[begin:i] + b"}")
         except ValueError:
             pass
-    return json.loads(line)
+    return _loads(data[begin:end])
+
+
+def _loads(line: bytes) -> Any:
+    return _DECODER.decode(line.decode())
 
 
 def image_ref(value: str, run: Path) -> str | None:
@@ -173,7 +179,9 @@ class RunIndex:
             self.version = version
             return True
 
-    def _read_lines(self, name: str, handle: Callable[[bytes, int], None]) -> None:
+    def _read_lines(self, name: str, handle: Callable[[bytes, int, int, int], None]) -> None:
+        """Calls ``handle(data, begin, end, base)`` for each complete new line ``data[begin:end]``
+        (at file offset ``base + begin``) of ``name``; lines are not copied out whole."""
         path = self.run / name
         if not path.exists():
             return
@@ -184,26 +192,26 @@ class RunIndex:
         end = data.rfind(b"\n") + 1          # a half-written last line waits for the next refresh
         pos = 0
         while pos < end:
-            nl = data.index(b"\n", pos)
+            nl = data.find(b"\n", pos)
             if nl > pos:
                 try:
-                    handle(data[pos:nl], start + pos)
+                    handle(data, pos, nl, start)
                 except (ValueError, KeyError, TypeError):
                     self.bad_lines += 1
             pos = nl + 1
         self._offsets[name] = start + end
 
-    def _advantage_line(self, line: bytes, offset: int) -> None:
-        row = json.loads(line)
+    def _advantage_line(self, data: bytes, begin: int, end: int, base: int) -> None:
+        row = _loads(data[begin:end])
         self.advantages[(row["group_id"], int(row["sample"]), int(row["step"]))] = row
         ep = self._by_key.get((row["group_id"], int(row["sample"])))
         if ep is not None and row.get("train_step") is not None:
             ep.train_step = int(row["train_step"])
 
-    def _rollout_line(self, line: bytes, offset: int) -> None:
-        m = _KIND.match(line)
-        kind = m.group(1) if m else None
-        rec = _head(line, kind) if kind else json.loads(line)
+    def _rollout_line(self, data: bytes, begin: int, end: int, base: int) -> None:
+        m = _KIND.match(data, begin, end)
+        rec = _head(data, begin, end, m.group(1) if m else None)
+        offset, length = base + begin, end - begin
         if not isinstance(rec, dict) or "group_id" not in rec:
             return
         key = (rec["group_id"], int(rec.get("sample", 0)))
@@ -215,12 +223,12 @@ class RunIndex:
             return
         if kind == "step":
             i = int(rec["step"])
-            ep.steps[i] = (offset, len(line))
+            ep.steps[i] = (offset, length)
             ep.length = max(ep.length, i + 1)
             if rec.get("role"):
                 ep.roles.add(rec["role"])
         elif kind == "judge":
-            ep.judges[int(rec["step"])] = (offset, len(line))
+            ep.judges[int(rec["step"])] = (offset, length)
         elif kind == "trajectory":
             ep.status, ep.outcome, ep.error = rec.get("status", "finished"), rec.get("outcome"), rec.get("error")
             ep.length = max(ep.length, int(rec.get("steps") or 0))
