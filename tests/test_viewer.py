@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import urllib.request
@@ -93,6 +94,21 @@ def test_screenshots_from_files_and_inline_base64(run):
     assert steps[0]["before"][0].startswith("data:image/png;base64,iVBOR")   # inline, as older runs wrote
     assert steps[1]["before"] == ["files/screens/desktop-save_s2_1.png"]
     assert steps[1]["after"] == ["files/screens/desktop-save_s2_2.png"]
+    # a recorder that keeps screenshots only in the prompts: a step's "after" is the next prompt's image
+    other = run.parent / "prompts-only"
+    other.mkdir()
+    shutil.copytree(run / "screens", other / "screens")
+    with Recorder(other / "rollouts.jsonl") as rec:
+        for i in range(2):
+            rec.record("step", {"group_id": "g@s1", "task_id": "g", "sample": 0, "step": i, "role": "agent",
+                                "messages": [{"role": "user", "content": [{"type": "image", "image": f"screens/desktop-save_s2_{i}.png"}]}],
+                                "text": "x", "action": None, "next_state": {}})
+    index = RunIndex(other)
+    index.refresh()
+    steps = index.episode(0)["steps_detail"]
+    assert [(s["before"], s["after"]) for s in steps] == [
+        (["files/screens/desktop-save_s2_0.png"], ["files/screens/desktop-save_s2_1.png"]),
+        (["files/screens/desktop-save_s2_1.png"], [])]
     assert image_ref("../../etc/passwd.png", run) is None and image_ref("screens/missing.png", run) is None
     assert index.file("../rollouts.jsonl") is None and index.file("screens/desktop-save_s2_1.png") is not None
 

@@ -348,9 +348,13 @@ class RunIndex:
                 "judge": {k: v for k, v in judge.items() if k not in _WHERE} if judge else None,
                 "R_t": adv["reward"] if adv else None, "advantage": adv["advantage"] if adv else None,
                 "kept": adv["kept"] if adv else None,
-                "before": msg_images[-1:] or prev_after, "after": after,
+                "before": msg_images[-1:] or prev_after, "after": after, "_seen": msg_images[-1:],
             })
             prev_after = after or prev_after
+        for s, nxt in zip(steps, steps[1:] + [None]):   # no screenshot recorded after a step: the
+            seen = s.pop("_seen")                       # next step's prompt shows the state it left
+            if not s["after"] and nxt is not None and nxt["_seen"] != seen:
+                s["after"] = nxt["_seen"]
         return {**head, "steps_detail": steps}
 
     def _read_at(self, spots: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
