@@ -178,6 +178,8 @@ def test_export_is_one_self_contained_page(run, tmp_path, capsys):
     assert len(data["episodes"]) == len(data["overview"]["episodes"]) == 25
     assert '"files/' not in html and html.count("data:image/png;base64,") >= 4
     assert main([str(tmp_path / "missing"), "--export", str(tmp_path / "x.html")]) == 2
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
 
 
 def test_trainer_step_log_matches_the_advantage_code(run):
