@@ -215,8 +215,13 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                 except Exception as e:  # e.g. no Docker engine, image missing
                     log.warning("episode %s/%s aborted: could not make an env: %s", group_id, sample, e)
                     bar.update(1)
-                    return Trajectory(task.id, group_id, sample, family="", status="aborted",
+                    traj = Trajectory(task.id, group_id, sample, family="", status="aborted",
                                       error=f"{type(e).__name__}: {e}")
+                    if recorder:  # logged like any episode, so the log's aborted count is complete
+                        recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
+                                                       "status": "aborted", "error": traj.error, "outcome": None,
+                                                       "steps": 0, "step_scores": []})
+                    return traj
                 made.append(env)
             try:
                 traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,

@@ -159,6 +159,26 @@ def test_live_run_half_written_lines_and_a_resumed_episode(tmp_path):
     assert len(eps) == 1 and eps[0]["status"] == "running" and eps[0]["id"] == 1
 
 
+async def test_an_episode_aborted_before_its_first_step_is_listed(tmp_path):
+    """No env could be made: the loop logs the aborted episode, and the viewer counts it."""
+    from agents.loop import collect
+    from bench.viewer import DicePolicy
+    from envs.base import Task
+
+    def no_env():
+        raise RuntimeError("no Docker engine answers")
+
+    with Recorder(tmp_path / "rollouts.jsonl") as rec:
+        trajs = await collect(no_env, DicePolicy(), [Task("t", "do it")], n_samples=2, recorder=rec,
+                              batch_tag="s1", progress=False)
+    assert [t.status for t in trajs] == ["aborted", "aborted"]
+    index = RunIndex(tmp_path)
+    index.refresh()
+    eps = index.overview()["episodes"]
+    assert [(e["status"], e["steps"], e["train_step"]) for e in eps] == [("aborted", 0, 1)] * 2
+    assert "no Docker engine" in eps[0]["error"]
+
+
 def test_evaluate_run_without_rollouts(eval_run):
     index = RunIndex(eval_run)
     index.refresh()

@@ -217,8 +217,9 @@ class RunIndex:
         key = (rec["group_id"], int(rec.get("sample", 0)))
         ep = self._by_key.get(key)
         kind = rec.get("kind")
-        if kind == "step" and (ep is None or (rec.get("step") == 0 and ep.status != "running")):
-            ep = self._new_episode(rec)        # first step, or a resumed run playing this episode again
+        if (kind == "step" and (ep is None or (rec.get("step") == 0 and ep.status != "running"))
+                or kind == "trajectory" and ep is None):
+            ep = self._new_episode(rec)   # first step, a resumed run playing it again, or aborted at once
         if ep is None:
             return
         if kind == "step":
