@@ -9,7 +9,6 @@ skipped where either is missing, except in CI, where ``.ci/setup`` installs both
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
