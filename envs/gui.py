@@ -431,8 +431,7 @@ class GUIEnv(NextStateEnv):
                 [f"Result of the action: {obs['output']}"]
         tree = obs.get("accessibility_tree") or ""
         if tree:
-            parts.append("Accessibility tree of the screen (tab-separated: tag, name, text, "
-                         "position (x, y), size (w, h)):\n" + truncate_tree(tree, self.a11y_tree_max_chars))
+            parts.append("Accessibility tree of the screen:\n" + truncate_tree(tree, self.a11y_tree_max_chars))
         images = []
         shot = obs.get("screenshot")
         if self.observation_type != "a11y_tree" and isinstance(shot, Image.Image):
