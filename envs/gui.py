@@ -30,7 +30,7 @@ Actions, in any of these forms (see :meth:`GUIEnv.parse`):
 ``DONE`` ends the episode and grades it; ``FAIL`` ends it saying the task is
 infeasible (right only for OSWorld's infeasible tasks).
 ``info["next_state"]`` carries ``screenshot_before``/``screenshot_after``
-(PNG bytes: drop them before logging JSON) and the code that ran.
+(PNG bytes; the rollout recorder saves them as PNG files) and the code that ran.
 
 Tasks: ``"builtin"`` (default; the web tasks in ``envs/tasks/gui/``, each
 with a JavaScript check and a scripted solution), ``"osworld:DIR"`` (OSWorld
