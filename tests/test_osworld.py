@@ -90,10 +90,10 @@ FIXTURES = REPO / "tests" / "fixtures" / "osworld"
 def test_fixture_directory_loads_whole_with_every_problem_reported():
     tasks = {t.id: t for t in load_tasks(FIXTURES)}
     files = sorted((FIXTURES / "examples").glob("*/*.json"))
-    assert len(tasks) == len(files) == 16  # malformed files are loaded as skipped, never dropped
+    assert len(tasks) == len(files) == 17  # malformed files are loaded as skipped, never dropped
     skip = {tid: t.data["skip"] for tid, t in tasks.items()}
     assert {tid for tid, r in skip.items() if r is None} == {"font-size-largest", "do-not-track", "make-dir",
-                                                             "bluetooth-infeasible"}
+                                                             "bluetooth-infeasible", "password-manager"}
     assert skip["win-cmd"] == skip["win-path"] == "unsupported: Windows task"
     assert skip["install-player"] == "needs root and network (installs software)"
     assert skip["needs-gimp"] == "needs app: gimp"
@@ -116,7 +116,7 @@ def test_fixture_directory_loads_whole_with_every_problem_reported():
 def test_report_command_names_the_malformed_files(capsys):
     assert osworld.main(["report", str(FIXTURES)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("16 tasks: 4 runnable, 12 skipped")
+    assert out.startswith("17 tasks: 5 runnable, 12 skipped")
     assert "broken/dict-func.json: evaluator.func is an object" in out
     assert "2  unsupported: Windows task" in out
 
