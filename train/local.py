@@ -139,7 +139,8 @@ class LocalTrainer:
         """The episodes of 0-based ``step``: its tasks, ``samples_per_task`` times each."""
         r = self.cfg.rollout
         chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
-        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
+        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
+                          max_images=r.max_images)
         return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
                              router=single_role(self.cfg.train.role), chat=chat, recorder=self.recorder,
