@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,
-                          env_kwargs={"grade_network": args.grade_network == "on"} if args.grade_network else None)
+                          env_kwargs=({"grade_network": args.grade_network == "on"}
+                                      if args.grade_network else None))
     except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
         print(f"error: {e}", file=sys.stderr)
         return 2
