@@ -14,13 +14,18 @@ Task directories of two formats load as written:
   ``docker-compose.yaml``), ``tests/test.sh`` (writes
   ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh``.
 
+nextstate's own tasks (the built-in set) are terminal-bench tasks whose
+Dockerfile, if any, builds on ``ARG BASE=nextstate/terminal:latest`` /
+``FROM ${BASE}``.
+
 Images are built on first use; ``FROM`` references that cannot be pulled here
 (``ghcr.io/laude-institute/t-bench/*``) are mapped to local images by
-``containers/base-images.yaml``. Tasks from outside the built-in set run as
-root, as terminal-bench and Harbor run them; the built-in ones run as the
-sandbox's ``agent``; ``user`` in the task file or the env's ``user`` argument
-(which wins) says otherwise. The tests enter the sandbox only at grading time,
-at ``/tests`` (``TEST_DIR``), and run as the task's user.
+``containers/base-images.yaml``. Harbor tasks and tasks with an image of their
+own (not built on ``${BASE}``) run as root, as terminal-bench and Harbor run
+them; the others run as the sandbox's ``agent``; ``user`` in the task file (or
+the compose service) and the env's ``user`` argument (which wins) say
+otherwise. The tests enter the sandbox only at grading time, at ``/tests``
+(``TEST_DIR``), and run as the task's user.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ DEFAULT_TEST_TIMEOUT = 60.0
 DEFAULT_RUN_TESTS = '#!/bin/bash\npython3 -m pytest "$TEST_DIR" -rA\n'
 TMUX_SESSION = "ns"
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) +(\S+)", re.M)
-_TEST_DIR_PREFIX = re.compile(r"^(\.\./)*/?(tmp/)?tests/")
+_TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
 _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\bapt(-get)? (update|install))",
                         re.M)
@@ -106,9 +111,8 @@ def _task_from_dir(d: Path) -> Task:
     d = d.resolve()
     data: dict[str, Any] = {"dir": str(d), "tests": {}, "build": None, "image_ref": None, "env": {},
                             "services": [], "solution": None, "solution_keys": None}
-    if not d.is_relative_to(BUILTIN_TASKS.resolve()):
-        data["user"] = "root"  # terminal-bench and Harbor run tasks as root
     if (d / "task.toml").is_file() and not (d / "task.yaml").is_file():
+        data["user"] = "root"  # as Harbor runs its tasks
         return _harbor_task(d, data)
     meta = yaml.safe_load((d / "task.yaml").read_text()) or {}
     if not isinstance(meta, dict):
@@ -119,9 +123,11 @@ def _task_from_dir(d: Path) -> Task:
         raise ValueError(f"{d / 'task.yaml'} has no instruction")
     data["format"] = "terminal-bench"
     _environment(d, data)
+    if data["image_ref"] or (data["build"] and not _builds_on_base_arg(data["build"])):
+        data["user"] = "root"  # terminal-bench's images (not ours: `ARG BASE=nextstate/...`) run as root
     data.update({k: meta[k] for k in _YAML_FIELDS if meta.get(k) is not None})
     run_tests = d / "run-tests.sh"
-    data["test_script"] = run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS
+    data["run_tests"] = run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS
     if (d / "solution.sh").is_file():
         data["solution"] = (d / "solution.sh").read_text()
     elif (d / "solution.yaml").is_file():
@@ -146,7 +152,7 @@ def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
               "verifier_env": (meta.get("verifier") or {}).get("env") or {}}
     data.update({k: v for k, v in fields.items() if v is not None})
     test_sh = d / "tests" / "test.sh"
-    data["test_script"] = test_sh.read_text() if test_sh.is_file() else None
+    data["run_tests"] = test_sh.read_text() if test_sh.is_file() else None
     solution = d / "solution"
     if (solution / "solve.sh").is_file():
         data["solution"] = (solution / "solve.sh").read_text()
@@ -187,6 +193,12 @@ def _environment(d: Path, data: dict[str, Any]) -> None:
     data["service"] = name
 
 
+def _builds_on_base_arg(build: dict[str, Any]) -> bool:
+    """Whether a task's Dockerfile builds on nextstate's image (``ARG BASE`` / ``FROM ${BASE}``)."""
+    text = (Path(build["context"]) / (build.get("dockerfile") or "Dockerfile")).read_text()
+    return re.search(r"^\s*FROM\s+\$\{?BASE\b", text, re.M | re.I) is not None
+
+
 def _substitute(value: Any, known: dict[str, str]) -> Any:
     """``${VAR}`` / ``${VAR:-default}`` in a compose value: ``known``, else the default, else ''."""
     if isinstance(value, dict):
@@ -224,7 +236,7 @@ def _task_from_row(row: dict[str, Any], base: Path, where: str) -> Task:
         tests = {"test_outputs.py": tests}
     data = {k: row[k] for k in _YAML_FIELDS if row.get(k) is not None}
     data.update(format="terminal-bench", dir=None, build=None, image_ref=None, env={}, services=[],
-                tests=dict(tests), test_script=row.get("run_tests") or DEFAULT_RUN_TESTS,
+                tests=dict(tests), run_tests=row.get("run_tests") or DEFAULT_RUN_TESTS,
                 solution=row.get("solution"), solution_keys=None)
     return Task(str(task_id), str(instruction).strip(), data, str(row.get("category") or ""))
 
@@ -319,7 +331,7 @@ def _test_command(sandbox: Sandbox, task: Task, test_dir: str) -> tuple[str, str
     a Harbor task's fallback writes ``reward.txt`` as test.sh would (1 when pytest passes).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
-    script = data.get("test_script")
+    script = data.get("run_tests")
     name = "tests/test.sh" if harbor else "run-tests.sh"
     why = None
     if script is None:
@@ -360,7 +372,7 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         for name, text in data.get("tests", {}).items():
             sandbox.write_file(f"{test_dir}/{name}", text)
         if not harbor:
-            sandbox.write_file(f"{test_dir}/run-tests.sh", data.get("test_script") or DEFAULT_RUN_TESTS, 0o755)
+            sandbox.write_file(f"{test_dir}/run-tests.sh", data.get("run_tests") or DEFAULT_RUN_TESTS, 0o755)
     except SandboxError as e:
         if not sandbox.is_alive():
             raise
