@@ -140,6 +140,18 @@ def local_base(ref: str) -> str | None:
     return next((local for pattern, local in base_images() if fnmatch.fnmatchcase(ref, pattern)), None)
 
 
+def from_refs(text: str) -> list[str]:
+    """The image references a Dockerfile's ``FROM`` lines name (not build args, stages or scratch)."""
+    refs, stages = [], {"scratch"}
+    for m in _FROM.finditer(text):
+        ref, rest = m.group(3), m.group(4).split()
+        if "$" not in ref and ref.lower() not in stages:
+            refs.append(ref)
+        if len(rest) == 2 and rest[0].lower() == "as":
+            stages.add(rest[1].lower())
+    return refs
+
+
 def resolve_from(text: str) -> tuple[str, dict[str, str]]:
     """A Dockerfile's text with every mapped ``FROM`` reference replaced by its local
     image (known images by their tag), and {original: local} of what was replaced.
@@ -499,6 +511,10 @@ def build_image(
         if info is None:
             raise ValueError(f"base image {ref!r} not found")
         ids.append(info["Id"])
+    missing = [ref for ref in from_refs(text) if ref not in bases.values() and image_info(client, ref) is None]
+    if missing and is_offline(client):
+        raise ValueError(f"base image {missing[0]} is not here and cannot be pulled offline: map it to a "
+                         "local image in a base image table (NEXTSTATE_BASE_IMAGES; see containers/base-images.yaml)")
     digest = chain_hash([directory], base="\0".join([text, *ids]))
     with build_lock(tag):
         old = image_info(client, tag)

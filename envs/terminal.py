@@ -46,7 +46,7 @@ import yaml
 
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
-from envs.sandbox import Sandbox, SandboxError
+from envs.sandbox import CommandResult, Sandbox, SandboxError
 
 BUILTIN_TASKS = Path(__file__).parent / "tasks" / "terminal"
 TEST_DIR = "/tests"
@@ -61,6 +61,8 @@ _TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
 _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\bapt(-get)? (update|install))",
                         re.M)
+# pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
+_PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
 _YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user")
 # docker-compose variables terminal-bench and Harbor set, as this environment lays the sandbox out.
 _COMPOSE_VARS = {"T_BENCH_TEST_DIR": TEST_DIR, "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
@@ -162,7 +164,7 @@ def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
 
 def _environment(d: Path, data: dict[str, Any]) -> None:
     """The image of a task from its directory: a docker-compose.yaml's agent service, else a Dockerfile."""
-    compose = next((d / n for n in ("docker-compose.yaml", "docker-compose.yml") if (d / n).is_file()), None)
+    compose = d / "docker-compose.yaml" if (d / "docker-compose.yaml").is_file() else None
     if compose is None:
         if (d / "Dockerfile").is_file():
             data["build"] = {"context": str(d), "dockerfile": None}
@@ -323,30 +325,23 @@ def harbor_outcome(reward: float) -> float:
     return max(-1.0, min(1.0, 2.0 * reward - 1.0))
 
 
-def _test_command(sandbox: Sandbox, task: Task, test_dir: str) -> tuple[str, str | None]:
-    """The shell command that runs the task's tests, and why it is a fallback (or None).
-
-    A test script that downloads (uv, pip, apt-get, curl) where nothing can be
-    downloaded is replaced by ``python3 -m pytest $TEST_DIR/test_outputs.py -rA``;
-    a Harbor task's fallback writes ``reward.txt`` as test.sh would (1 when pytest passes).
-    """
-    data, harbor = task.data, task.data.get("format") == "harbor"
-    script = data.get("run_tests")
-    name = "tests/test.sh" if harbor else "run-tests.sh"
-    why = None
+def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
+    """For a test script that downloads (uv, pip, apt-get, curl) where nothing can be
+    downloaded: ``python3 -m pytest $TEST_DIR/test_outputs.py -rA`` and why (else None).
+    A Harbor task's fallback writes ``reward.txt`` as test.sh would (1 when pytest passes)."""
+    harbor = task.data.get("format") == "harbor"
+    script, name = task.data.get("run_tests"), "tests/test.sh" if harbor else "run-tests.sh"
     if script is None:
         why = f"the task has no {name}"
     elif _DOWNLOADS.search(script) and (not sandbox.spec.network or _registry_unreachable()):
-        why = f"{name} downloads (uv, pip, apt-get or curl) and there is no network"
-    if why is None:
-        path = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
-        return f"bash --noprofile --norc {path}", None
-    target = f"$TEST_DIR/test_outputs.py" if test_outputs(task) else "$TEST_DIR"
-    fallback = f"python3 -m pytest {target} -rA"
-    why += f": ran `{fallback}` instead"
+        why = f"{name} downloads (uv, pip, apt-get or curl), which cannot work here, and ran no tests"
+    else:
+        return None
+    command = f"python3 -m pytest {'$TEST_DIR/test_outputs.py' if test_outputs(task) else '$TEST_DIR'} -rA"
+    why += f": ran `{command}` instead"
     if harbor:
-        fallback += f"; rc=$?; [ $rc = 0 ] && r=1 || r=0; echo $r > {REWARD_DIR}/reward.txt; exit $rc"
-    return fallback, why
+        command += f"; rc=$?; [ $rc = 0 ] && r=1 || r=0; echo $r > {REWARD_DIR}/reward.txt; exit $rc"
+    return command, why
 
 
 def test_outputs(task: Task) -> bool:
@@ -377,11 +372,25 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         if not sandbox.is_alive():
             raise
         return Outcome(-1.0, {"reason": f"could not install the tests: {e}", "tests": {}})
-    command, fallback = _test_command(sandbox, task, test_dir)
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
-    run = sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
-                      f">{TEST_LOG} 2>&1", timeout=timeout)
+
+    def run_tests(command: str) -> CommandResult:
+        return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
+                           f">{TEST_LOG} 2>&1", timeout=timeout)
+
+    script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
+    fallback = _fallback_command(sandbox, task)
+    run = None
+    if data.get("run_tests") is not None:
+        run = run_tests(f"bash --noprofile --norc {script}")
+        if fallback and not (run.timed_out or sandbox.run(
+                f"grep -qE {shlex.quote(_PYTEST_RAN)} {TEST_LOG}", timeout=30).exit_code):
+            fallback = None  # the script ran its tests after all
+    if fallback:
+        sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
+        run = run_tests(fallback[0])
+    assert run is not None
     # Only the last summary section counts: output the agent's code printed comes before it.
     summary = sandbox.run(f"tac {TEST_LOG} | sed '/short test summary info/q' | tac", timeout=30)
     tests = parse_pytest_summary(summary.stdout)
@@ -389,7 +398,7 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     details: dict[str, Any] = {"tests": tests, "passed": passed, "total": len(tests),
                                "exit_code": run.exit_code, "timed_out": run.timed_out}
     if fallback:
-        details["tests_fallback"] = fallback
+        details["tests_fallback"] = fallback[1]
     if harbor:
         reward, extra = _harbor_reward(sandbox)
         details.update(extra)
