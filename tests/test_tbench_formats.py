@@ -194,3 +194,11 @@ def test_task_image_cache_follows_the_resolved_base(terminal_image: str, tmp_pat
                 docker_client.images.remove(ref, force=True)
             except Exception:
                 pass
+
+
+def test_training_config_sets_user_and_tmux() -> None:
+    from train.config import load_config
+    from train.rollout import env_kwargs
+    assert env_kwargs(load_config("terminal")) == {}
+    cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
+    assert env_kwargs(cfg) == {"user": "root", "tmux": True}
