@@ -337,17 +337,18 @@ def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
         why = f"{name} downloads (uv, pip, apt-get or curl), which cannot work here, and ran no tests"
     else:
         return None
-    command = f"python3 -m pytest {'$TEST_DIR/test_outputs.py' if test_outputs(task) else '$TEST_DIR'} -rA"
+    command = f"python3 -m pytest {'$TEST_DIR/test_outputs.py' if _has_test_outputs(task) else '$TEST_DIR'} -rA"
     why += f": ran `{command}` instead"
     if harbor:
         command += f"; rc=$?; [ $rc = 0 ] && r=1 || r=0; echo $r > {REWARD_DIR}/reward.txt; exit $rc"
     return command, why
 
 
-def test_outputs(task: Task) -> bool:
+def _has_test_outputs(task: Task) -> bool:
     """Whether the task's tests include ``test_outputs.py``."""
     d = task.data.get("dir")
-    return "test_outputs.py" in task.data.get("tests", {}) or bool(d and (Path(d) / "tests" / "test_outputs.py").is_file())
+    return ("test_outputs.py" in task.data.get("tests", {})
+            or bool(d and (Path(d) / "tests" / "test_outputs.py").is_file()))
 
 
 def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
@@ -357,10 +358,12 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
+    # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
+    prepare = (f"d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d" if sandbox.backend == "local" else
+               f"rm -rf {REWARD_DIR}; mkdir -p {REWARD_DIR}; d={TEST_DIR}; rm -rf $d 2>/dev/null; "
+               f"mkdir -p $d 2>/dev/null && [ -w $d ] || {{ d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d; }}")
     try:
-        found = sandbox.run(f"rm -rf {TEST_LOG} {REWARD_DIR}; mkdir -p {REWARD_DIR}; d={TEST_DIR}; "
-                            f"rm -rf $d 2>/dev/null; mkdir -p $d 2>/dev/null && [ -w $d ] || "
-                            f"{{ d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d; }}; echo $d", timeout=30)
+        found = sandbox.run(f"rm -f {TEST_LOG}; {prepare}; echo $d", timeout=30)
         test_dir = (found.stdout.strip().splitlines() or [FALLBACK_TEST_DIR])[-1]
         if data.get("dir") and (Path(data["dir"]) / "tests").is_dir():
             sandbox.copy_in(Path(data["dir"]) / "tests", test_dir)
