@@ -35,6 +35,8 @@ class EnvConfig:
     max_steps: int = 10
     step_timeout: float = 30.0
     sandbox_backend: str = "auto"     # auto | docker | local
+    user: str | None = None           # terminal: run every task as this user (default: the task's)
+    tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
 
 
 @dataclass

@@ -7,9 +7,14 @@ from typing import Any, Callable
 from envs import env_class
 from train.config import Config
 
+def env_kwargs(cfg: Config) -> dict[str, Any]:
+    """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
+    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}
+
+
 def load_tasks(cfg: Config) -> list[Any]:
     """The tasks of the configured environment (no sandbox is started)."""
-    env = env_class(cfg.env.family)(tasks=cfg.env.tasks)
+    env = env_class(cfg.env.family)(tasks=cfg.env.tasks, **env_kwargs(cfg))
     try:
         return list(env.tasks)
     finally:
@@ -23,7 +28,8 @@ def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[
     pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
 
     def factory() -> Any:
-        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout)
+        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
+                   **env_kwargs(cfg))
 
     return pool, factory, load_tasks(cfg)
 
