@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from envs import procedural
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 from envs.sandbox import Sandbox, SandboxError
@@ -163,6 +164,8 @@ class TerminalEnv(NextStateEnv):
     ]
 
     def load_tasks(self, source: Any) -> list[Task]:
+        if procedural.is_procedural(source):
+            return procedural.load(source)
         if source is None or isinstance(source, (str, os.PathLike)):
             return load_terminal_tasks(BUILTIN_TASKS if source is None else source)
         return super().load_tasks(source)
@@ -175,6 +178,13 @@ class TerminalEnv(NextStateEnv):
         if task.data.get("network"):
             overrides["network"] = True
         return overrides
+
+    def start_episode(self, task: Task) -> None:
+        """Run the task's ``setup`` command, if it has one (procedural tasks do)."""
+        if task.data.get("setup"):
+            r = self.sandbox.run(task.data["setup"], timeout=30)
+            if r.exit_code != 0:
+                raise SandboxError(f"setup of task {task.id} failed: {r.output[-500:]}")
 
     def command_timeout_cap(self) -> float:
         assert self.task is not None
@@ -203,6 +213,8 @@ class TerminalEnv(NextStateEnv):
         finish = {"name": "finish", "arguments": {}}
         if kind == "noop":
             return [finish]
+        if task.data.get("oracle"):
+            return list(task.data["oracle"])
         if not task.data.get("solution"):
             raise ValueError(f"task {task.id} has no solution.sh")
         timeout = float(task.data.get("max_agent_timeout_sec") or 600)
