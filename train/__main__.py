@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
     p.add_argument("--config", help="config file (default configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
-    p.add_argument("--judge", help="'policy' (the policy's own model), 'none', or an OpenAI-compatible URL")
+    p.add_argument("--judge", help="'policy' (the policy's own model), 'rules' (exit codes and invalid "
+                   "actions), 'none', or an OpenAI-compatible URL")
     p.add_argument("--backend", default="local", help="local (one process, CPU or one GPU) or verl (Ray cluster)")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--output", help="run directory (default runs/<env>)")
@@ -63,10 +64,10 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     if args.judge:
         if args.judge.startswith(("http://", "https://")):
             out += ["judge.mode=url", f"judge.url={args.judge}"]
-        elif args.judge in ("policy", "none"):
+        elif args.judge in ("policy", "rules", "none"):
             out.append(f"judge.mode={args.judge}")
         else:
-            raise ConfigError(f"--judge must be policy, none or an http(s):// URL, got {args.judge!r}")
+            raise ConfigError(f"--judge must be policy, rules, none or an http(s):// URL, got {args.judge!r}")
     return out
 
 

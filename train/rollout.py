@@ -30,12 +30,15 @@ def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[
 
 def make_judge(cfg: Config, policy: Any) -> Any:
     """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
-    server (mode ``url``), or None (mode ``none``)."""
+    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``)."""
     from judges.prm import StepJudge
 
     j = cfg.judge
     if j.mode == "none":
         return None
+    if j.mode == "rules":
+        from judges.rules import RuleJudge
+        return RuleJudge(m=j.votes)
     backend = policy
     if j.mode == "url":
         from agents.openai_policy import OpenAIPolicy
