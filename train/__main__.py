@@ -101,6 +101,9 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     demo = args.backend == "local" and (args.model == "tiny" or (args.model is None and not has_gpu()))
     cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
+    if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
+        # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
+        cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
     if args.backend == "local" or not args.dry_run:
         check_model(cfg.model.name)
     if cfg.judge.mode == "url" and not args.dry_run:

@@ -14,6 +14,8 @@ from typing import Any
 
 PLOT = "curves.png"
 CURVES = [  # (metric, title) drawn in the PNG, one panel each
+    ("eval/success", "held-out success"),
+    ("outcome/success", "training success"),
     ("outcome/mean", "outcome (mean)"),
     ("judge/score_mean", "judge score (mean)"),
     ("reward/mean", "step reward R_t (mean)"),

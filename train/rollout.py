@@ -7,9 +7,9 @@ from typing import Any, Callable
 from envs import env_class
 from train.config import Config
 
-def load_tasks(cfg: Config) -> list[Any]:
-    """The tasks of the configured environment (no sandbox is started)."""
-    env = env_class(cfg.env.family)(tasks=cfg.env.tasks)
+def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
+    """The tasks of the configured environment, or of ``source`` (no sandbox is started)."""
+    env = env_class(cfg.env.family)(tasks=source if source is not None else cfg.env.tasks)
     try:
         return list(env.tasks)
     finally:

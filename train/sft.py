@@ -160,7 +160,7 @@ def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
