@@ -176,7 +176,9 @@ class LocalTrainer:
         metrics.update(self.learner.step(batch, progress=self.progress))
         self.learner.publish()
         if self.eval_due(step + 1) and self._loop is not None:   # runs on the event loop, with the new weights
+            t0 = time.monotonic()
             metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(), self._loop).result())
+            metrics["time/eval_s"] = time.monotonic() - t0
         if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
             self.save(step + 1)
         return metrics
@@ -220,7 +222,9 @@ class LocalTrainer:
     async def _run(self, total: int) -> None:
         self._loop = asyncio.get_running_loop()
         if self.start == 0 and self.eval_tasks:   # the starting point, logged as step 0
-            self.metrics.log(0, await self.evaluate())
+            t0 = time.monotonic()
+            self.metrics.log(0, {**await self.evaluate(), "time/eval_s": time.monotonic() - t0})
+            self._last_done = time.monotonic()
         await overlapped_loop(self.start, total, self.cfg.train.max_staleness, self.rollout, self.train,
                               self.after)
 
