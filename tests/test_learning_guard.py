@@ -53,3 +53,27 @@ def test_a_short_run_raises_heldout_success_over_the_warm_start(tmp_path, termin
     assert before < 0.8, f"the warm start leaves no room to learn (held-out success {before})"
     assert after >= before + 0.15, f"held-out success {before} -> {after}: the run did not learn"
     assert any(r.get("batch/samples", 0) > 0 for r in rows)
+
+
+def test_sft_keeps_the_steps_of_successful_trajectories_only(tmp_path):
+    from train.sft import examples_from_rollouts
+
+    msgs = [{"role": "user", "content": "task"}]
+    rows = [{"kind": "step", "group_id": "g", "sample": 0, "step": 1, "role": "agent", "messages": msgs, "text": "b"},
+            {"kind": "step", "group_id": "g", "sample": 0, "step": 0, "role": "agent", "messages": msgs, "text": "a"},
+            {"kind": "step", "group_id": "g", "sample": 1, "step": 0, "role": "agent", "messages": msgs, "text": "x"},
+            {"kind": "judge", "group_id": "g", "sample": 0, "step": 0, "votes": [1]},
+            {"kind": "trajectory", "group_id": "g", "sample": 0, "status": "finished", "outcome": 1.0},
+            {"kind": "trajectory", "group_id": "g", "sample": 1, "status": "finished", "outcome": -1.0}]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [e.text for e in examples_from_rollouts([path])] == ["a", "b"]
+    assert examples_from_rollouts([path], min_outcome=1.0) == []
+
+
+def test_demo_sizes_a_step_from_parallel():
+    from train.__main__ import build_config, parse_args
+
+    cfg, demo = build_config(parse_args(["--env", "terminal", "--model", "tiny", "--parallel", "32", "--dry-run"]))
+    assert demo and (cfg.rollout.tasks_per_step, cfg.rollout.samples_per_task, cfg.rollout.parallel) == (8, 4, 32)
+    assert cfg.judge.mode == "rules" and cfg.env.tasks == "procedural:train" and cfg.sft.steps > 0
