@@ -76,6 +76,8 @@ class MetricsLog:
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
+        for ax in axes.flat[len(CURVES):]:
+            ax.axis("off")
         fig.tight_layout()
         out = self.output / PLOT
         tmp = out.with_suffix(".tmp.png")
