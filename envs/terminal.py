@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from envs import procedural
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 from envs.sandbox import CommandResult, Sandbox, SandboxError
@@ -495,6 +496,8 @@ class TerminalEnv(NextStateEnv):
     def load_task_set(cls, source: Any) -> tuple[list[Task], list[tuple[str, str]]]:
         """The tasks of ``source`` that load, and ``(name, reason)`` of those that do not."""
         broken: list[tuple[str, str]] = []
+        if procedural.is_procedural(source):
+            return procedural.load(source), broken
         if source is None or isinstance(source, (str, os.PathLike)):
             return load_terminal_tasks(BUILTIN_TASKS if source is None else source, broken), broken
         return NextStateEnv.load_tasks(cls.__new__(cls), source), broken
@@ -532,6 +535,13 @@ class TerminalEnv(NextStateEnv):
             if task.data.get(key):
                 overrides[key] = task.data[key]
         return overrides
+
+    def start_episode(self, task: Task) -> None:
+        """Run the task's ``setup`` command, if it has one (procedural tasks do)."""
+        if task.data.get("setup"):
+            r = self.sandbox.run(task.data["setup"], timeout=30)
+            if r.exit_code != 0:
+                raise SandboxError(f"setup of task {task.id} failed: {r.output[-500:]}")
 
     def command_timeout_cap(self) -> float:
         assert self.task is not None
@@ -573,6 +583,8 @@ class TerminalEnv(NextStateEnv):
         finish = {"name": "finish", "arguments": {}}
         if kind == "noop":
             return [finish]
+        if task.data.get("oracle"):
+            return list(task.data["oracle"])
         timeout = float(task.data.get("max_agent_timeout_sec") or 600)
         if task.data.get("solution_keys"):
             steps = task.data["solution_keys"]
