@@ -1,13 +1,19 @@
 """A procedurally generated terminal task family, sized for small models.
 
-Each instance comes from an integer seed: a file with a random short name
-under ``/app`` holds a random number, and the task is to copy that number
-into ``/app/answer``. The number appears nowhere but in the file, so the
-agent has to read it first (step 1) and act on what it read (step 2): the
-next state of step 1 is what step 2 needs. The final state is graded in the
-sandbox by the task's own ``run-tests.sh`` (the file's content is compared
-with the number), like any terminal-bench task, through
-:func:`envs.terminal.grade_terminal_task`.
+Each instance comes from an integer seed: ``/app/note`` holds one of a few
+words (:data:`WORDS`, the seed's turn in them), and the task is to write that word
+into ``/app/answer``. The instruction is the same for every instance and the
+word appears nowhere but in the file, so the agent has to read it first
+(step 1) and act on what it read (step 2): the next state of step 1 is what
+step 2 needs. It is a small conditional (which of K words to write), not a
+copy of an arbitrary string, so that a tiny model can learn it on CPU. The
+final state is graded in the sandbox by the task's own ``run-tests.sh`` (the
+file's content is compared with the word), like any terminal-bench task,
+through :func:`envs.terminal.grade_terminal_task`.
+
+:func:`guess_actions` is a behaviour policy for warm starts that read the note
+and then write a word picked at random (``python -m train.sft --source
+random_choice``): it shows the format and the reading step, not the mapping.
 
 Instances are plain :class:`~envs.base.Task` rows that :class:`~envs.terminal.TerminalEnv`
 runs: ``TerminalEnv(tasks="procedural:0:512")`` makes seeds 0..511. Named
@@ -23,29 +29,39 @@ import shlex
 from envs.base import Task
 
 PREFIX = "procedural:"
+NOTE = "/app/note"
+WORDS = ("red", "green", "blue", "amber")
+INSTRUCTION = f"Read {NOTE}, then write the word it holds to /app/answer."
 NAMED = {"train": (0, 1024), "heldout": (1_000_000, 64)}
 RUN_TESTS = """#!/bin/bash
-# Passes when /app/answer holds the number (surrounding whitespace ignored).
+# Passes when /app/answer holds the word (surrounding whitespace ignored).
 got=$(tr -d '[:space:]' < /app/answer 2>/dev/null)
 echo "=========================== short test summary info ============================"
 if [ "$got" = "{value}" ]; then echo "PASSED test_answer"; else echo "FAILED test_answer - got '$got'"; fi
 """
 
 
+def actions(word: str) -> list[dict]:
+    """Read the note, write ``word`` to /app/answer, finish."""
+    return [{"name": "bash", "arguments": {"command": f"cat {NOTE}"}},
+            {"name": "bash", "arguments": {"command": f"echo {word} > /app/answer"}},
+            {"name": "finish", "arguments": {}}]
+
+
 def instance(seed: int) -> Task:
     """The task of ``seed``: the same on every machine."""
-    rng = random.Random(f"nextstate-procedural-{seed}")
-    name = rng.choice("abcdefghijkmnpqrstuvwxyz") + str(rng.randrange(10))
-    value = str(rng.randrange(100, 1000))
-    path = f"/app/{name}"
-    return Task(f"proc-{seed}", f"Write the number in {path} to /app/answer.", {
-        "dir": None, "dockerfile": False, "tests": {}, "seed": seed, "path": path, "value": value,
-        "setup": f"printf '%s\\n' {shlex.quote(value)} > {path}",
-        "run_tests": RUN_TESTS.replace("{value}", value),
-        "oracle": [{"name": "bash", "arguments": {"command": f"cat {path}"}},
-                   {"name": "bash", "arguments": {"command": f"echo {value} > /app/answer"}},
-                   {"name": "finish", "arguments": {}}],
+    word = WORDS[seed % len(WORDS)]   # balanced: always writing one word scores exactly 1/K
+    return Task(f"proc-{seed}", INSTRUCTION, {
+        "dir": None, "dockerfile": False, "tests": {}, "seed": seed, "path": NOTE, "value": word,
+        "choices": list(WORDS), "setup": f"printf '%s\\n' {shlex.quote(word)} > {NOTE}",
+        "run_tests": RUN_TESTS.replace("{value}", word), "oracle": actions(word),
         "max_test_timeout_sec": 10}, category="procedural")
+
+
+def guess_actions(task: Task, rng: random.Random) -> list[dict]:
+    """The oracle's reading step, then a word drawn uniformly from the task's choices
+    (right 1 time in K): a behaviour policy that knows the format but not the mapping."""
+    return actions(rng.choice(task.data["choices"]))
 
 
 def is_procedural(source: object) -> bool:

@@ -18,13 +18,24 @@ from judges.prm import JudgeRequest
 
 def test_procedural_instances_are_seeded_and_heldout_is_disjoint():
     a, b = procedural.load("procedural:0:8"), procedural.load("procedural:0:8")
-    assert [t.instruction for t in a] == [t.instruction for t in b]
-    assert len({t.data["value"] for t in a}) > 4
+    assert [t.data["value"] for t in a] == [t.data["value"] for t in b]
+    assert {t.data["value"] for t in a} == set(procedural.WORDS)
+    assert all(procedural.WORDS[0] not in t.instruction for t in a)   # the word is only in the file
     train = {t.data["seed"] for t in procedural.load("procedural:train")}
     held = {t.data["seed"] for t in procedural.load("procedural:heldout")}
     assert not train & held
     with pytest.raises(ValueError, match="procedural:START:COUNT"):
         procedural.load("procedural:oops")
+
+
+def test_random_choice_behaviour_reads_then_writes_any_word():
+    import random
+
+    task = procedural.instance(5)
+    plans = [procedural.guess_actions(task, random.Random(i)) for i in range(40)]
+    assert all(p[0]["arguments"]["command"] == "cat /app/note" for p in plans)
+    written = {p[1]["arguments"]["command"].split()[1] for p in plans}
+    assert written == set(procedural.WORDS)   # not only the right one: the warm start can't learn the mapping
 
 
 async def test_rule_judge_votes_on_the_next_state():

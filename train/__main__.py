@@ -136,6 +136,9 @@ def run_local(cfg: Config, demo: bool, resume: bool) -> int:
     from train.local import LocalTrainer
 
     output = Path(cfg.run.output)
+    if demo:   # the tiny model runs far slower on a loaded 2-core machine with more than one torch thread
+        import torch
+        torch.set_num_threads(1)
     note = " (cpu_demo settings: tiny model on CPU)" if demo else ""
     print(f"nextstate train: env={cfg.env.family} model={cfg.model.name} backend=local "
           f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "

@@ -8,7 +8,10 @@ schemas and history). The episodes come from
 * ``rollouts.jsonl`` files written by ``python -m train`` (``--rollouts``):
   the steps of trajectories whose outcome is above ``--min-outcome``; or
 * oracle runs (``--tasks``): every task's reference actions played in a real
-  sandbox, kept when the task's check passes.
+  sandbox, kept when the task's check passes; or, with ``--source random_choice``
+  (procedural tasks), a behaviour policy that reads the note and writes a word
+  drawn at random, kept pass or fail: a warm start that knows the format and
+  the reading step but not which word to write (held-out success about 1/K).
 
 It works with any local model (``--model tiny``, a directory, a hub name) and
 writes a model directory that ``python -m train --model DIR`` loads::
@@ -79,41 +82,60 @@ def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0
     return examples
 
 
-def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig) -> list[Example]:
-    """Play ``task``'s reference actions on ``env``; its steps when the check passed, else []."""
+SOURCES = ("oracle", "random_choice")
+
+
+def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: str = "oracle",
+                   rng: random.Random | None = None) -> list[Example]:
+    """Play ``task``'s reference actions on ``env``; its steps when the check passed, else [].
+
+    ``source="random_choice"`` (procedural tasks only) plays a behaviour policy instead:
+    the reference reading step, then a word drawn at random from the task's choices
+    (:func:`envs.procedural.guess_actions`); its valid steps are kept whether the check
+    passed or not, so a model trained on them learns the format, not the mapping."""
+    from envs import procedural
+
+    if source == "random_choice":
+        if not task.data.get("choices"):
+            raise ValueError(f"sft source random_choice needs procedural tasks; {task.id} has no choices")
+        plan = procedural.guess_actions(task, rng or random.Random(0))
+    else:
+        plan = env.oracle_actions(task, "gold")
     first_obs, _ = env.reset(options={"task": task})
     system = system_prompt(env.family, env.tools, tools_in_text=not policy.renders_tools)
     turns: list[Turn] = []
     out: list[Example] = []
     reward = -1.0
-    for action in env.oracle_actions(task, "gold"):
+    for action in plan:
         messages = build_messages(system, first_obs, turns, policy=policy, tools=env.tools, config=chat)
         text = action_text(action)
         obs, reward, terminated, truncated, info = env.step(text)
-        if "aborted" in info:
+        if "aborted" in info or not info["next_state"].get("valid", True):
             return []
         out.append(Example(messages, text))
         turns.append(Turn(text, obs, valid=bool(info["next_state"].get("valid", True))))
         if terminated or truncated:
             break
-    return out if reward > 0 else []
+    return out if reward > 0 or source == "random_choice" else []
 
 
 def oracle_examples(env_factory: Callable[[], Any], tasks: list[Any], policy: Any, chat: ChatConfig,
-                    parallel: int = 4) -> list[Example]:
-    """The steps of the successful oracle runs of ``tasks``, ``parallel`` sandboxes at once."""
+                    parallel: int = 4, source: str = "oracle", seed: int = 0) -> list[Example]:
+    """The steps of the successful oracle runs of ``tasks`` (or of the behaviour policy that
+    ``source`` names, see :func:`oracle_episode`), ``parallel`` sandboxes at once."""
     envs = [env_factory() for _ in range(max(1, min(parallel, len(tasks))))]
     try:
         with ThreadPoolExecutor(len(envs)) as pool:
             chunks = [tasks[i::len(envs)] for i in range(len(envs))]
-            runs = pool.map(lambda pair: [oracle_episode(pair[0], t, policy, chat) for t in pair[1]],
+            runs = pool.map(lambda pair: [oracle_episode(pair[0], t, policy, chat, source,
+                                                         random.Random(f"{seed}-{t.id}")) for t in pair[1]],
                             zip(envs, chunks))
             episodes = [ep for eps in runs for ep in eps]
     finally:
         for env in envs:
             env.close()
     if sum(not ep for ep in episodes):
-        log.warning("%d of %d oracle runs failed their check and are left out",
+        log.warning("%d of %d oracle runs failed and are left out",
                     sum(not ep for ep in episodes), len(episodes))
     return [ex for ep in episodes for ex in ep]
 
@@ -178,7 +200,7 @@ def save(policy: Any, output: Path, meta: dict[str, Any]) -> Path:
 def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollouts: list[str] | None = None,
         steps: int = 150, lr: float = 1e-3, batch_size: int = 16, seed: int = 0, parallel: int = 4,
         max_steps: int | None = None, chat: ChatConfig | None = None, min_outcome: float = 0.0,
-        progress: bool = True) -> dict[str, Any]:
+        source: str = "oracle", progress: bool = True) -> dict[str, Any]:
     """Collect the examples, fine-tune ``model``, save it to ``output``; returns the run's summary."""
     from agents.hf_policy import HFPolicy
 
@@ -194,12 +216,13 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
             try:
                 task_list = list(cls(tasks=tasks).tasks)
                 examples += oracle_examples(lambda: cls(tasks=tasks, pool=pool, max_steps=max_steps),
-                                            task_list, policy, chat, parallel)
+                                            task_list, policy, chat, parallel, source, seed)
             finally:
                 pool.close()
         losses = fine_tune(policy, examples, cls.tools, steps=steps, lr=lr, batch_size=batch_size,
                            seed=seed, progress=progress)
-        summary = {"model": model, "env": env, "tasks": tasks, "rollouts": rollouts, "examples": len(examples),
+        summary = {"model": model, "env": env, "tasks": tasks, "source": source, "rollouts": rollouts,
+                   "examples": len(examples),
                    "steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
                    "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
         save(policy, output, summary)
@@ -212,7 +235,7 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
 def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
     """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
     made with the same settings)."""
-    recipe = {"model": cfg.model.name, "tasks": cfg.sft.tasks, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
+    recipe = {"model": cfg.model.name, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
               "batch_size": cfg.sft.batch_size, "seed": cfg.run.seed, "max_steps": cfg.env.max_steps,
               "context": cfg.rollout.max_context_tokens, "response": cfg.rollout.max_response_tokens}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
@@ -221,7 +244,7 @@ def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
         return output
     summary = run(env=cfg.env.family, model=cfg.model.name, output=output, tasks=cfg.sft.tasks,
                   steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
-                  parallel=cfg.rollout.parallel, max_steps=cfg.env.max_steps,
+                  parallel=cfg.rollout.parallel, max_steps=cfg.env.max_steps, source=cfg.sft.source,
                   chat=ChatConfig(context_tokens=cfg.rollout.max_context_tokens,
                                   max_response_tokens=cfg.rollout.max_response_tokens), progress=progress)
     done.write_text(json.dumps({**summary, "recipe": key}, indent=1) + "\n")
@@ -234,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", default="terminal", help="environment family (its tools shape the prompt)")
     p.add_argument("--model", default="tiny", help="HF hub name, local model directory, or 'tiny'")
     p.add_argument("--tasks", help="task source for oracle runs (e.g. procedural:0:64, a task directory)")
+    p.add_argument("--source", default="oracle", choices=SOURCES,
+                   help="what plays --tasks: the reference solution (kept when it passes), or random_choice "
+                        "(procedural tasks: read the note, write a random word; kept pass or fail)")
     p.add_argument("--rollouts", nargs="*", default=[], help="rollouts.jsonl files of earlier runs")
     p.add_argument("--min-outcome", type=float, default=0.0, help="keep trajectories with an outcome above this")
     p.add_argument("--steps", type=int, default=150, help="optimizer updates")
@@ -255,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(env=args.env, model=args.model, output=Path(args.output), tasks=args.tasks,
                       rollouts=args.rollouts, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                       seed=args.seed, parallel=args.parallel, max_steps=args.max_steps,
-                      min_outcome=args.min_outcome)
+                      min_outcome=args.min_outcome, source=args.source)
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
