@@ -50,21 +50,22 @@ async def test_rule_judge_votes_on_the_next_state():
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.skip(reason="the CPU demo does not learn yet: its warm start copies no file name or number, "
-                         "held-out success 0.00 at step 0 (issue 10); unskip when it does")
+@pytest.mark.skip(reason="the CPU demo's held-out rise (0.00 -> 0.19 in 12 steps, one seed) is not yet shown "
+                         "reliable across seeds nor checked to fail with a flipped sign (issue 10)")
 def test_a_short_run_raises_heldout_success_over_the_warm_start(tmp_path, terminal_image):
     from train.config import load_config
     from train.local import LocalTrainer
 
-    cfg = load_config("terminal", cpu_demo=True, overrides=["run.steps=8", "eval.every=0", "run.seed=0"])
+    cfg = load_config("terminal", cpu_demo=True, overrides=["run.steps=12", "eval.every=0", "run.seed=0"])
     rows = LocalTrainer(cfg, tmp_path, progress=False).run()
     evals = [r for r in rows if "eval/success" in r]
-    assert [r["step"] for r in evals] == [0, 8]
+    assert [r["step"] for r in evals] == [0, 12]
     before, after = evals[0]["eval/success"], evals[-1]["eval/success"]
     summary = json.loads((tmp_path / "warm_start" / "sft.json").read_text())
     assert summary["examples"] >= 64 and summary["loss_last"] < summary["loss_first"]
+    assert summary["source"] == "random_choice"
     assert before < 0.8, f"the warm start leaves no room to learn (held-out success {before})"
-    assert after >= before + 0.15, f"held-out success {before} -> {after}: the run did not learn"
+    assert after >= before + 0.1, f"held-out success {before} -> {after}: the run did not learn"
     assert any(r.get("batch/samples", 0) > 0 for r in rows)
 
 
