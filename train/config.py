@@ -1,11 +1,11 @@
-"""Typed trainer configuration: YAML files under ``configs/`` plus ``key=value`` overrides.
+"""Typed trainer configuration: the dataclasses below, a YAML file, then ``key=value`` overrides.
 
-``configs/base.yaml`` holds the defaults shared by every environment;
-``configs/<env>.yaml`` names it in ``inherit:`` and overrides what differs
-(the paper's per-environment settings). A ``cpu_demo:`` section in a file
-holds the overrides the embedded default applies on a laptop-sized machine
-(model ``tiny``). Every key is checked against the dataclasses below, so a
-typo is an error, not a silently ignored setting.
+The defaults live in one place, the dataclasses below. The YAML files ship with
+the package (``configs/``, package data): ``configs/<env>.yaml`` holds the
+paper's settings for that family and ``inherit:``s ``configs/base.yaml``, whose
+``cpu_demo:`` section holds the overrides the embedded default applies on a
+laptop-sized machine (model ``tiny``). Every key is checked against the
+dataclasses, so a typo is an error, not a silently ignored setting.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(str(files("configs")))   # the packaged configs/, wherever it is installed
 ENVS = ("terminal", "toolcall", "swe", "gui")
 
 
@@ -73,14 +74,14 @@ class JudgeConfig:
 class AdvantageConfig:
     """Grouping key and what to do with buckets that carry no signal."""
     key: str = "step_index"           # step_index | outcome | state
-    drop_constant: bool = True
+    drop_constant: bool = True        # drop the samples of buckets whose rewards are all equal (else advantage 0)
     eps: float = 1e-6
 
 
 @dataclass
 class TrainConfig:
     """Optimizer and loss (veRL's vanilla PPO loss, low_var_kl KL loss)."""
-    lr: float = 1e-6
+    lr: float = 1e-6                  # constant learning rate, AdamW
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     clip_low: float = 0.2
@@ -116,7 +117,7 @@ class VerlConfig:
     micro_batch_size_per_gpu: int = 1
     mini_batch_size: int = 0          # prompts per PPO mini-batch; 0: the whole step (one update per step)
     param_offload: bool = False
-    agent_workers: int = 8
+    agent_workers: int = 8            # agent-loop worker processes; each runs ceil(parallel / agent_workers) sandboxes
     overrides: list[str] = field(default_factory=list)   # raw Hydra overrides for veRL's config
 
 
@@ -198,7 +199,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     parent = data.pop("inherit", None)
     if parent is None:
         return data
-    return merge(read_yaml((path.parent / parent).resolve()), data)
+    beside = (path.parent / parent).resolve()   # a file next to this one, else a packaged one
+    return merge(read_yaml(beside if beside.exists() or Path(parent).is_absolute() else CONFIG_DIR / parent), data)
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -27,8 +27,14 @@ from typing import Any
 from train.config import Config, ConfigError
 from train.rollout import load_tasks
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_MODULE = "train.verl_backend.plugin"
+
+
+def import_root() -> str:
+    """The ``sys.path`` entry this package was imported from (site-packages, or a checkout
+    run without installing): Ray's workers get it on ``PYTHONPATH`` to import the plugin."""
+    import train
+    return str(Path(train.__file__).resolve().parent.parent)
 
 
 def data_path(cfg: Config) -> Path:
@@ -118,7 +124,7 @@ def compose(cfg: Config, n_tasks: int, resume: bool = False) -> Any:
     OmegaConf.set_struct(config, False)
     config.nextstate = {k: v for k, v in cfg.to_dict().items() if k != "verl"}
     env_vars = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+                "PYTHONPATH": os.pathsep.join(filter(None, [import_root(), os.environ.get("PYTHONPATH")])),
                 "TENSORBOARD_DIR": str(Path(cfg.run.output).resolve() / "tensorboard")}
     config.ray_kwargs.ray_init.runtime_env.env_vars = env_vars
     OmegaConf.set_struct(config, True)
