@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from envs import registry
 from envs.validate import validate
 
 
@@ -13,13 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("validate", help="run every task with its reference solution and with "
                            "doing nothing; exit 1 if any task is unsound")
-    check.add_argument("family", help="terminal, toolcall, swe or gui")
+    check.add_argument("family", help=", ".join(registry.names()))
     check.add_argument("--tasks", help="task directory or file (default: the built-in set)")
     check.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
     check.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],
                        help="sandbox backend (default: docker when available)")
     args = parser.parse_args(argv)
-    checks = validate(args.family, args.tasks, parallel=args.parallel, backend=args.backend)
+    checks = validate(registry.resolve(args.family), args.tasks, parallel=args.parallel, backend=args.backend)
     failed = sum(not c.ok for c in checks)
     print(f"{len(checks) - failed} passed, {failed} failed")
     return 1 if failed or not checks else 0

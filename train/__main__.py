@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from envs import registry
 from train.config import Config, ConfigError, load_config
 
 PROBE_TIMEOUT = 5.0
@@ -30,9 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train", description="Train a policy on a nextstate environment.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--env", default="terminal", help="terminal, toolcall, swe or gui (default terminal)")
+    p.add_argument("--env", default="terminal",
+                   help=f"a registered env family: {', '.join(registry.names())} (default terminal)")
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
-    p.add_argument("--config", help="config file (default configs/<env>.yaml)")
+    p.add_argument("--config", help="config file (default the family's packaged configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
     p.add_argument("--judge", help="'policy' (the policy's own model), 'none', or an OpenAI-compatible URL")
     p.add_argument("--backend", default="local", help="local (one process, CPU or one GPU) or verl (Ray cluster)")
@@ -97,8 +99,12 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     """The run's config, and whether the CPU demo settings are in use."""
     if args.backend not in ("local", "verl"):
         raise ConfigError(f"--backend must be local or verl, got {args.backend!r}")
+    try:
+        env = registry.resolve(args.env)   # "mypkg.envs:count" imports mypkg.envs, which registers count
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     demo = args.backend == "local" and (args.model == "tiny" or (args.model is None and not has_gpu()))
-    cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
+    cfg = load_config(env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
     if args.backend == "local" or not args.dry_run:
         check_model(cfg.model.name)

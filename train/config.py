@@ -1,8 +1,9 @@
 """Typed trainer configuration: the dataclasses below, a YAML file, then ``key=value`` overrides.
 
 The defaults live in one place, the dataclasses below. The YAML files ship with
-the package (``configs/``, package data): ``configs/<env>.yaml`` holds the
-paper's settings for that family and ``inherit:``s ``configs/base.yaml``, whose
+the package (``configs/``, package data): ``configs/<env>.yaml`` -- the file an
+env family's registration names (:mod:`envs.registry`) -- holds the paper's
+settings for that family and ``inherit:``s ``configs/base.yaml``, whose
 ``cpu_demo:`` section holds the overrides the embedded default applies on a
 laptop-sized machine (model ``tiny``). Every key is checked against the
 dataclasses, so a typo is an error, not a silently ignored setting.
@@ -20,8 +21,9 @@ from typing import Any
 
 import yaml
 
+from envs import registry
+
 CONFIG_DIR = Path(str(files("configs")))   # the packaged configs/, wherever it is installed
-ENVS = ("terminal", "toolcall", "swe", "gui")
 
 
 class ConfigError(ValueError):
@@ -230,11 +232,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def load_config(env: str, path: str | Path | None = None, overrides: list[str] | None = None,
                 cpu_demo: bool = False) -> Config:
-    """The configuration of ``env``: file (default ``configs/<env>.yaml``), then the
-    file's ``cpu_demo`` section when ``cpu_demo``, then ``overrides``."""
-    if env not in ENVS:
-        raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(ENVS)}")
-    file = Path(path) if path else CONFIG_DIR / f"{env}.yaml"
+    """The configuration of ``env``: file (default the family's registered ``config``, else
+    ``configs/base.yaml``), then the file's ``cpu_demo`` section when ``cpu_demo``, then ``overrides``."""
+    if env not in registry.names():
+        raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(registry.names())}")
+    file = Path(path) if path else config_file(env)
     data = read_yaml(file)
     demo = data.pop("cpu_demo", None) or {}
     cfg = Config()
@@ -245,6 +247,12 @@ def load_config(env: str, path: str | Path | None = None, overrides: list[str] |
     cfg.env.family = env
     validate(cfg)
     return cfg
+
+
+def config_file(env: str) -> Path:
+    """The YAML file family ``env`` registered (a bare name is one of the packaged ``configs/``)."""
+    name = registry.spec(env).config or "base.yaml"
+    return CONFIG_DIR / name if isinstance(name, str) and "/" not in name else Path(name)
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
