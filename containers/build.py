@@ -259,20 +259,20 @@ def run_streamed(cmd: list[str], progress: Progress, env: dict[str, str] | None 
         return proc.wait()
 
 
-def mmdebstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+def mmdebstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress, suite: str = SUITE) -> None:
     """Writes a minbase rootfs tarball with `packages`, resolved by apt (virtual packages too)."""
     cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}",
-           '--aptopt=APT::Install-Recommends "false"', "--skip=output/dev", SUITE, str(archive), mirror]
+           '--aptopt=APT::Install-Recommends "false"', "--skip=output/dev", suite, str(archive), mirror]
     env = {**os.environ, "TMPDIR": str(archive.parent)}
     if run_streamed(cmd, progress, env) != 0:
         raise progress.fail("mmdebstrap failed")
 
 
-def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress, suite: str = SUITE) -> None:
     """Writes a minbase rootfs tarball with `packages` by debootstrap, whose resolver
     cannot choose providers of virtual packages (mmdebstrap can)."""
     target = archive.parent / "rootfs"
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(target), mirror]
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(target), mirror]
     if run_streamed(cmd, progress) != 0:
         log = target / "debootstrap" / "debootstrap.log"
         if log.is_file():
@@ -288,7 +288,8 @@ def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: P
 
 
 def rootfs_image(
-    client: docker.DockerClient, name: str, packages: list[str], progress: Progress, force: bool
+    client: docker.DockerClient, name: str, packages: list[str], progress: Progress, force: bool,
+    suite: str = SUITE,
 ) -> str:
     """A `docker import` of a Debian minbase rootfs holding `packages` (cached by tag).
 
@@ -297,7 +298,7 @@ def rootfs_image(
     """
     mirror = os.environ.get("NEXTSTATE_DEBIAN_MIRROR", DEFAULT_MIRROR)
     wanted = sorted(set(packages))
-    key = hashlib.sha256(f"{SUITE}\0minbase\0{' '.join(wanted)}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{suite}\0minbase\0{' '.join(wanted)}".encode()).hexdigest()[:16]
     tag = f"{REPO}/rootfs-{name}:{key}"
     if not force and image_info(client, tag):
         progress.say(f"rootfs {tag} already imported")
@@ -312,8 +313,8 @@ def rootfs_image(
     work = Path(tempfile.mkdtemp(prefix=f"nextstate-rootfs-{name}-", dir="/var/tmp"))
     try:
         archive = work / "rootfs.tar"
-        progress.say(f"{tool} {SUITE} from {mirror} with {len(wanted)} packages (takes minutes)")
-        (mmdebstrap_tar if tool == "mmdebstrap" else debootstrap_tar)(wanted, archive, mirror, progress)
+        progress.say(f"{tool} {suite} from {mirror} with {len(wanted)} packages (takes minutes)")
+        (mmdebstrap_tar if tool == "mmdebstrap" else debootstrap_tar)(wanted, archive, mirror, progress, suite)
         progress.say(f"docker import as {tag} ({archive.stat().st_size >> 20} MiB)")
         repo, _, key = tag.partition(":")
         client.api.import_image(str(archive), repository=repo, tag=key,

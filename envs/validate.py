@@ -49,7 +49,7 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     probe = env_cls(tasks, backend=backend)
     loaded = probe.tasks
     probe.close()
-    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset else None
+    pool = env_cls.shared_pool(loaded, parallel, backend=backend)
     local, envs = threading.local(), []
 
     def one(task: Task) -> Check:
