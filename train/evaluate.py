@@ -5,7 +5,7 @@
     python -m train.evaluate --env terminal --policy noop --output runs/eval-noop
 
 ``--policy`` is a model (``tiny``, a local path or hub name, or an
-OpenAI-compatible URL, run through :mod:`agents.loop`), ``gold`` (the task's
+OpenAI-compatible URL, run through :mod:`train.rollout`), ``gold`` (the task's
 reference solution, no model) or ``noop`` (finish at once), both played from
 the env's ``oracle_actions(task, kind)``. Tasks the env cannot run here (its
 ``skip_reason``, or ``TaskUnsupported`` at reset: an OSWorld task needing an
@@ -101,9 +101,9 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
 
 def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], policy: Any,
                parallel: int, rollouts: Path | None = None) -> list[dict[str, Any]]:
-    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`agents.loop`;
+    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`;
     with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
-    from agents.loop import collect
+    from train.rollout import collect
     from agents.recorder import Recorder
 
     recorder = Recorder(rollouts) if rollouts else None
