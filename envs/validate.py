@@ -9,7 +9,6 @@ Families that name none get :func:`check_oracles`, which plays the env's
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,6 +17,7 @@ from tqdm import tqdm
 
 from envs import registry
 from envs.base import NextStateEnv, Task, play
+from envs.pool import EnvCache
 
 CheckFn = Callable[[NextStateEnv, Task], "str | None"]
 
@@ -50,16 +50,14 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     loaded = probe.tasks
     probe.close()
     pool = env_cls.shared_pool(loaded, parallel, backend=backend)
-    local, envs = threading.local(), []
+    envs = EnvCache(lambda: env_cls(loaded, pool=pool, backend=backend))
 
     def one(task: Task) -> Check:
-        if not hasattr(local, "env"):
-            local.env = env_cls(loaded, pool=pool, backend=backend)
-            envs.append(local.env)
-        try:
-            reason = check(local.env, task)
-        except Exception as e:  # a broken task must not stop the others
-            reason = f"{type(e).__name__}: {e}"
+        with envs.env() as env:
+            try:
+                reason = check(env, task)
+            except Exception as e:  # a broken task must not stop the others
+                reason = f"{type(e).__name__}: {e}"
         return Check(task.id, reason is None, reason or "")
 
     checks = []
@@ -72,8 +70,7 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
                 if progress and not checks[-1].ok:
                     tqdm.write(f"FAIL {checks[-1].task_id}: {checks[-1].reason}")
     finally:
-        for env in envs:
-            env.close()
+        envs.close()
         if pool is not None:
             pool.close()
     return sorted(checks, key=lambda c: c.task_id)

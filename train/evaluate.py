@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -37,6 +36,7 @@ from tqdm import tqdm
 
 from envs import env_class
 from envs.base import NextStateEnv, Task, TaskUnsupported
+from envs.pool import EnvCache
 
 ORACLE_KINDS = ("gold", "noop")
 #: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
@@ -59,15 +59,13 @@ def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error:
 def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind: str,
                parallel: int) -> list[dict[str, Any]]:
     """Plays oracle ``kind`` on every task, ``parallel`` envs at once (one per thread)."""
-    local, made = threading.local(), []
+    envs = EnvCache(env_factory)
 
     def one(task: Task) -> dict[str, Any]:
         start, steps, info, terminated = time.monotonic(), 0, {}, False
+        env = None
         try:
-            if not hasattr(local, "env"):
-                local.env = env_factory()
-                made.append(local.env)
-            env = local.env
+            env = envs.take()
             env.reset(options={"task": task})
             for action in env.oracle_actions(task, kind):
                 _, _, terminated, truncated, info = env.step(action)
@@ -79,6 +77,9 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
         except Exception as e:  # a broken task must not stop the others
             return _outcome_row(task, None, "aborted", f"{type(e).__name__}: {e}", steps, 0,
                                 time.monotonic() - start)
+        finally:
+            if env is not None:
+                envs.give_back(env)
         if "aborted" in info:
             status, error = "aborted", str(info["aborted"])
         elif "outcome" not in info:
@@ -94,8 +95,7 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
                 rows.append(fut.result())
                 bar.update()
     finally:
-        for env in made:
-            env.close()
+        envs.close()
     return rows
 
 

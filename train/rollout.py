@@ -38,6 +38,7 @@ from agents.recorder import Recorder
 from agents.trajectory import Step, Trajectory
 from envs import env_class
 from envs.base import INFRA_ERRORS, Observation
+from envs.pool import EnvCache
 from judges.prm import JudgeRequest, JudgeResult, StepJudge
 from train.config import Config
 
@@ -240,35 +241,31 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
     jobs = [(task, s) for task in tasks for s in range(n_samples)]
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="env")
-    free: list[Any] = []
-    made: list[Any] = []
+    envs = EnvCache(env_factory)
     slots = asyncio.Semaphore(max(1, parallel))
     bar = tqdm(total=len(jobs), desc="episodes", disable=not progress)
 
     async def one(task: Any, sample: int) -> Trajectory:
         group_id = f"{task.id}@{batch_tag}"
         async with slots:
-            env = free.pop() if free else None
-            if env is None:
-                try:
-                    env = await loop.run_in_executor(executor, env_factory)
-                except Exception as e:  # e.g. no Docker engine, image missing
-                    log.warning("episode %s/%s aborted: could not make an env: %s", group_id, sample, e)
-                    bar.update(1)
-                    traj = Trajectory(task.id, group_id, sample, family="", status="aborted",
-                                      error=f"{type(e).__name__}: {e}")
-                    if recorder:  # logged like any episode, so the log's aborted count is complete
-                        recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
-                                                       "status": "aborted", "error": traj.error, "outcome": None,
-                                                       "steps": 0, "step_scores": []})
-                    return traj
-                made.append(env)
+            try:
+                env = await envs.atake(executor)
+            except Exception as e:  # e.g. no Docker engine, image missing
+                log.warning("episode %s/%s aborted: could not make an env: %s", group_id, sample, e)
+                bar.update(1)
+                traj = Trajectory(task.id, group_id, sample, family="", status="aborted",
+                                  error=f"{type(e).__name__}: {e}")
+                if recorder:  # logged like any episode, so the log's aborted count is complete
+                    recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
+                                                   "status": "aborted", "error": traj.error, "outcome": None,
+                                                   "steps": 0, "step_scores": []})
+                return traj
             try:
                 traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,
                                          judge=judge, router=router, recorder=recorder,
                                          executor=executor, chat=chat, sampling=sampling)
             finally:
-                free.append(env)
+                envs.give_back(env)
         bar.update(1)
         return traj
 
@@ -276,8 +273,7 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
         return list(await asyncio.gather(*(one(t, s) for t, s in jobs)))
     finally:
         bar.close()
-        await asyncio.gather(*(loop.run_in_executor(executor, env.close) for env in made),
-                             return_exceptions=True)
+        await loop.run_in_executor(executor, envs.close)
         executor.shutdown(wait=False)
 
 

@@ -34,6 +34,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from agents.chat import ChatConfig
 from agents.policy import Generation, Policy
 from agents.trajectory import Trajectory
+from envs.pool import EnvCache
 from train.advantage import states_before
 from train.batch import trainable
 from train.config import Config, config_from_dict
@@ -105,21 +106,11 @@ class EpisodeResources:
         self.tasks = {t.id: t for t in tasks}
         self.url_judge = make_judge(cfg, None) if cfg.judge.mode == "url" else None
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
-        self.free: list[Any] = []
-
-    async def acquire(self) -> Any:
-        """An idle env, or a new one (made in the env threads)."""
-        if self.free:
-            return self.free.pop()
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self.factory)
-
-    def release(self, env: Any) -> None:
-        self.free.append(env)
+        self.envs = EnvCache(self.factory)
 
     def close(self) -> None:
         """Close the envs and the sandbox pool."""
-        for env in self.free:
-            env.close()
+        self.envs.close()
         self.pool.close()
         self.executor.shutdown(wait=False)
 
@@ -181,12 +172,12 @@ class NextStateAgentLoop(AgentLoopBase):
         chat = ChatConfig(context_tokens=self.rollout_config.prompt_length + self.rollout_config.response_length,
                           max_response_tokens=self.rollout_config.response_length,
                           max_images=cfg.rollout.max_images)
-        env = await res.acquire()
+        env = await res.envs.atake(res.executor)
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),
                                      sample=int(kwargs.get("session_id", 0)), judge=judge,
                                      router=single_role(cfg.train.role), executor=res.executor, chat=chat)
         finally:
-            res.release(env)
+            res.envs.give_back(env)
         return step_outputs(traj, cfg.train.role, prompt_length=self.rollout_config.prompt_length,
                             response_length=self.rollout_config.response_length)
