@@ -68,14 +68,10 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     data.batch["returns"] = advantages.clone()
     data.batch["response_mask"] = new_mask
     episodes = _column(nt, FIELD_EPISODE, n, "")
-    kept = result.advantages[result.keep]
     metrics = {
-        "nextstate/samples": int(keep.sum()), "nextstate/dropped_samples": result.dropped,
-        "nextstate/dropped_buckets": result.constant_buckets, "nextstate/buckets": result.buckets,
+        "nextstate/samples": int(keep.sum()),
+        **{f"nextstate/{k}": v for k, v in result.summary().items()},
         "nextstate/aborted_episodes": len(set(episodes[aborted & ~padding].tolist())),
-        "nextstate/reward_mean": float(result.rewards.mean()) if len(rows) else 0.0,
         "nextstate/step_outcome_mean": float(rows.outcome.mean()) if len(rows) else 0.0,
-        "nextstate/advantage_mean": float(kept.mean()) if len(kept) else 0.0,
-        "nextstate/advantage_std": float(kept.std()) if len(kept) else 0.0,
     }
     return data, metrics
