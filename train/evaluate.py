@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from envs import env_class
+from envs import env_class, registry
 from envs.base import NextStateEnv, Task, TaskUnsupported
 from envs.pool import EnvCache
 
@@ -254,7 +254,7 @@ def summary_line(report: dict[str, Any], output: str | Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--env", required=True, help="terminal, toolcall, swe or gui")
+    p.add_argument("--env", required=True, help=f"a registered env family: {', '.join(registry.names())}")
     p.add_argument("--tasks", default="builtin", help="task file/directory or dataset name (default builtin)")
     p.add_argument("--policy", required=True, help="gold, noop, tiny, a model path/name or a server URL")
     p.add_argument("--model", help="model name on the server (with a URL policy)")
