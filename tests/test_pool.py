@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def project_containers(client, run_id: str | None = None) -> list:
     label = f"{containers.RUN_LABEL}={run_id}" if run_id else f"{containers.PROJECT_LABEL}=nextstate"
-    return client.containers.list(all=True, filters={"label": label})
+    return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
 
 def test_lease_release_replaces_with_a_fresh_sandbox(terminal_image, docker_client):
