@@ -395,8 +395,9 @@ class Sandbox(ABC):
                 self._kill_tree(self._shell_pid)
                 next_kill = time.monotonic() + 0.25
             if now >= next_disk:
-                next_disk, self._disk_checked = now + 0.5, now
                 used = self._disk_used()
+                self._disk_checked = time.monotonic()  # a slow measurement (a big layer) is made rarer
+                next_disk = self._disk_checked + max(0.5, 20 * (self._disk_checked - now))
                 if used is not None and used > self._disk_limit:  # type: ignore[operator]
                     disk_full = used
                     self._kill_others()
@@ -668,7 +669,7 @@ class DockerSandbox(Sandbox):
 
     def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
         assert self._sock is not None
-        self._sock.settimeout(max(timeout, 0.001))
+        self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
         try:
             data = self._sock.recv(1 << 16)
         except (socket.timeout, BlockingIOError):

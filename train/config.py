@@ -35,6 +35,7 @@ class EnvConfig:
     max_steps: int = 10
     step_timeout: float = 30.0
     sandbox_backend: str = "auto"     # auto | docker | local
+    sandbox_disk: str | None = "2g"   # each sandbox's disk limit (a task's own setting wins); null: none
 
 
 @dataclass
@@ -252,6 +253,14 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _size_ok(size: str | None) -> bool:
+    from envs.sandbox import parse_size
+    try:
+        return size is None or parse_size(size) > 0
+    except ValueError:
+        return False
+
+
 def validate(cfg: Config) -> None:
     """Range checks that need no machine state."""
     checks = [
@@ -268,6 +277,7 @@ def validate(cfg: Config) -> None:
         (cfg.judge.mode in ("policy", "none", "url"), f"judge.mode must be policy, none or url, got {cfg.judge.mode!r}"),
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
+        (_size_ok(cfg.env.sandbox_disk), f"env.sandbox_disk must be a size like 2g or 512m, got {cfg.env.sandbox_disk!r}"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
         (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
     ]
