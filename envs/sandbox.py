@@ -267,8 +267,11 @@ class Sandbox(ABC):
     def _close_shell(self) -> None: ...
 
     @abstractmethod
-    def _kill_tree(self, pid: int) -> None:
-        """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself."""
+    def _kill_tree(self, pid: int) -> bool | None:
+        """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself.
+
+        True: the sandbox was out of pids (a fork bomb), so the shell may be stuck retrying a
+        fork and is best restarted at once."""
 
     def _kill_others(self, keep_shell: bool = True) -> None:
         """Kill every process of the sandbox but its init (and its shell when ``keep_shell``).
@@ -392,7 +395,10 @@ class Sandbox(ABC):
                 deadline, next_kill = now + self.kill_grace, now
             if now >= next_kill and self._shell_pid:
                 # Kill the command's processes; repeat while the rest of its line runs.
-                self._kill_tree(self._shell_pid)
+                if self._kill_tree(self._shell_pid):
+                    self._restart_shell()
+                    restarted = True
+                    break
                 next_kill = time.monotonic() + 0.25
             if now >= next_disk:
                 used = self._disk_used()
@@ -718,14 +724,14 @@ class DockerSandbox(Sandbox):
                 return 1 << 62
         return {self._init_pid, min(kids, key=started)}
 
-    def _kill_tree(self, pid: int) -> None:
+    def _kill_tree(self, pid: int) -> bool | None:
         shell = self._host_shell_pid() if self._cgroup else None
         if self._cgroup is not None and shell is not None:
             bomb = self._cgroup.near_pid_limit()
             try:  # the command's tree; under a fork bomb, everything but the shell
                 self._cgroup.kill(lambda parents: set(parents) - self._main_pid(parents) - {shell}
                                   if bomb else _descendants(parents, shell))
-                return
+                return bomb
             except OSError as e:
                 log.warning("cgroup kill in %s failed (%s); killing from inside", self.id, e)
         try:
