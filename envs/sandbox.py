@@ -128,9 +128,23 @@ class SandboxError(RuntimeError):
     """
 
 
+class SandboxConfigError(SandboxError):
+    """The sandbox cannot start as specified (e.g. its image has no such user); retrying will not help."""
+
+
+# Docker's default capabilities but NET_RAW: what a root user needs to act as root
+# (write others' files, chown, apt-get's privilege drop); other users get none.
+ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+             "NET_BIND_SERVICE", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
+
+
 @dataclass
 class SandboxSpec:
-    """How to make a sandbox. Safe by default: no network, no root, limits on."""
+    """How to make a sandbox. Safe by default: no network, no root, limits on.
+
+    ``user`` is a name or uid in the image; ``root`` (or ``0``) keeps Docker's
+    default capabilities, any other user has none.
+    """
 
     image: str = DEFAULT_IMAGE
     network: bool = False
@@ -608,6 +622,15 @@ class DockerSandbox(Sandbox):
         super().__init__(spec)
         self.client = client
         self.container = self._create(spec, client, labels)
+        try:
+            self.container.start()
+        except Exception as e:
+            self._dispose()
+            if "unable to find user" in str(e) or "no matching entries in passwd" in str(e):
+                raise SandboxConfigError(
+                    f"image {spec.image} has no user {spec.user!r}: set `user` in the task file or "
+                    "the config (e.g. root), or add the user to the image") from None
+            raise
         self.id = self.container.id[:12]
         self._sock: socket.socket | None = None
         self._buf = b""
@@ -623,19 +646,20 @@ class DockerSandbox(Sandbox):
             raise
 
     def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
-        """Start the container, with the engine's storage quota when its driver has one."""
+        """Create the container, with the engine's storage quota when its driver has one."""
         import docker
 
-        kw = dict(detach=True, init=True, labels=labels, user=spec.user, working_dir=spec.workdir,
+        kw = dict(init=True, labels=labels, user=spec.user, working_dir=spec.workdir,
                   environment=spec.env, network_mode="bridge" if spec.network else "none",
-                  cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                  cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
+                  security_opt=["no-new-privileges"],
                   pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
                   nano_cpus=int(spec.cpus * 1e9), auto_remove=False)
         engine = str(client.api.base_url)
         if self._disk_limit is not None and self._quota_support.get(engine, True):
             try:
-                container = client.containers.run(spec.image, spec.command,
-                                                  storage_opt={"size": str(self._disk_limit)}, **kw)
+                container = client.containers.create(spec.image, spec.command,
+                                                     storage_opt={"size": str(self._disk_limit)}, **kw)
             except docker.errors.APIError as e:
                 if "storage" not in str(e).lower() and "quota" not in str(e).lower():
                     raise
@@ -646,7 +670,7 @@ class DockerSandbox(Sandbox):
                 self._quota_support[engine] = True
                 self._disk_limit = None   # the engine enforces it: real ENOSPC, nothing to watch
                 return container
-        return client.containers.run(spec.image, spec.command, **kw)
+        return client.containers.create(spec.image, spec.command, **kw)
 
     @property
     def address(self) -> str | None:
