@@ -43,7 +43,8 @@ supports one (overlay2 on XFS with project quotas); elsewhere (overlay2 on
 ext4) a watchdog measures the container's writable layer while commands run
 (and at most every ``disk_check_every`` seconds between them) and, past the
 limit, kills the writers and reports ``ENOSPC`` in the result: a write can run
-past the limit by what it writes in one check interval (about half a second).
+past the limit by what it writes in one check interval (0.2 s; into the page cache that
+can be a few hundred MB).
 """
 
 from __future__ import annotations
@@ -254,6 +255,7 @@ class Sandbox(ABC):
 
     backend: str = "abstract"
     disk_check_every: float = 2.0   # seconds between disk measurements when commands are short
+    disk_check_running: float = 0.2  # seconds between disk measurements while a command runs
     kill_grace: float = 1.5         # after a timeout's kill, seconds before the shell is restarted
 
     def __init__(self, spec: SandboxSpec):
@@ -397,7 +399,7 @@ class Sandbox(ABC):
         next_kill = float("inf")
         watch = self._disk_limit is not None and limit is not None
         next_disk = (start if start - self._disk_checked >= self.disk_check_every else
-                     start + 0.5) if watch else float("inf")
+                     start + self.disk_check_running) if watch else float("inf")
         while not (out.done() and err.done()):
             now = time.monotonic()
             if now >= deadline:
@@ -416,8 +418,8 @@ class Sandbox(ABC):
                 next_kill = time.monotonic() + 0.25
             if now >= next_disk:
                 used = self._disk_used()
-                self._disk_checked = time.monotonic()  # a slow measurement (a big layer) is made rarer
-                next_disk = self._disk_checked + max(0.5, 20 * (self._disk_checked - now))
+                self._disk_checked = time.monotonic()
+                next_disk = self._disk_checked + self.disk_check_running
                 if used is not None and used > self._disk_limit:  # type: ignore[operator]
                     disk_full = used
                     self._kill_others()
