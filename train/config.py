@@ -107,7 +107,8 @@ class RunConfig:
 @dataclass
 class VerlConfig:
     """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
-    rollout_engine: str = "vllm"      # vllm | sglang
+    device: str = "auto"              # auto (cpu when no accelerator is visible) | gpu | cpu
+    rollout_engine: str = "vllm"      # vllm | sglang (gpu); the cpu device uses the hf rollout
     nnodes: int = 1
     n_gpus_per_node: int = 8
     tensor_parallel_size: int = 1
@@ -269,6 +270,7 @@ def validate(cfg: Config) -> None:
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
+        (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),
         (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
     ]
     for ok, message in checks:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,6 +42,7 @@ from train.config import Config, config_from_dict
 from train.rollout import make_envs, make_judge
 from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_STATE, FIELD_STEP,
                                           FIELD_VOTE_MEAN)
+from train.verl_backend.launch import RUN_ENV
 
 AGENT_NAME = "nextstate"
 
@@ -102,7 +104,7 @@ class EpisodeResources:
     def __init__(self, cfg: Config, workers: int):
         self.cfg = cfg
         per_worker = max(1, math.ceil(cfg.rollout.parallel / max(1, workers)))
-        self.pool, self.factory, tasks = make_envs(cfg, pool_size=per_worker)
+        self.pool, self.factory, tasks = make_envs(cfg, pool_size=per_worker, run_id=os.environ.get(RUN_ENV))
         self.tasks = {t.id: t for t in tasks}
         self.url_judge = make_judge(cfg, None) if cfg.judge.mode == "url" else None
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")

@@ -16,11 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import ray
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.utils.device import get_device_name
+from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
 from train.verl_backend.advantage import FIELDS, step_advantages
@@ -47,6 +50,25 @@ def fields_to_dataproto(fetched: TensorDict, tags: list[dict]) -> DataProto:
                      non_tensor_batch=columns)
 
 
+class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
+    """veRL's actor/rollout/reference worker, its process group made before veRL makes one.
+
+    veRL's ``initialize_global_process_group_ray`` (``verl/utils/distributed.py``,
+    line 89) asks torch for ``cpu:gloo,<device>:<backend>``, which on the ``cpu``
+    platform is ``cpu:gloo,cpu:gloo`` and rejected by torch ("Duplicate device
+    type cpu"); it skips the call when a default group exists, so this worker
+    makes a plain gloo group first (rank, world size and rendezvous from the
+    environment veRL's worker group sets).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="gloo")
+        super().__init__(*args, **kwargs)
+
+
 @register_trainer(MODE)
 class NextStateTrainer(PPOTrainerSync):
     """veRL's sync PPO trainer; advantages from the step rows (see module docstring)."""
@@ -60,6 +82,13 @@ class NextStateTrainer(PPOTrainerSync):
     def trainer_mode(self, value: str) -> None:
         """The configured name (``nextstate``) only selects this class."""
 
+    def _init_resource_pool_mgr(self) -> None:
+        """veRL's pools and roles; on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""
+        super()._init_resource_pool_mgr()
+        if get_device_name() == "cpu":
+            for role in list(self.role_worker_mapping):
+                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
+
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                   select_fields=["uid", "response_mask", "extra_fields"])
@@ -70,6 +99,7 @@ class NextStateTrainer(PPOTrainerSync):
         out = {name: response_to_nested(data.batch[src], nested_mask)
                for name, src in (("advantages", "advantages"), ("returns", "returns"),
                                  ("response_mask", "response_mask"), ("loss_mask", "response_mask"))}
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                        fields=TensorDict(out, batch_size=len(batch)))
-        return batch
+        # the returned meta lists every persisted field (the reference log-probs too): the actor
+        # update reads the fields it names, so the old meta would train without advantages
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                               fields=TensorDict(out, batch_size=len(batch)))
