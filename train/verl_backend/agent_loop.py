@@ -67,6 +67,7 @@ class ServerPolicy(Policy):
         self.renders_tools = "tools" in (tokenizer.chat_template or "")
         self.request_id = uuid.uuid4().hex
         self.name = "verl-server"
+        self.weight_versions: list[int] = []     # veRL's global step of the weights of each answer
 
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of the chat template over ``messages``, ready for the answer."""
@@ -83,6 +84,9 @@ class ServerPolicy(Policy):
                                       if sampling.get(k) is not None}}
         out = await self.server.generate(request_id=self.request_id, prompt_ids=prompt, sampling_params=params)
         ids = list(out.token_ids)
+        for key in ("min_global_steps", "max_global_steps"):
+            if out.extra_fields.get(key) is not None:
+                self.weight_versions.append(int(out.extra_fields[key]))
         ended = out.stop_reason != "aborted" and len(ids) < int(params.get("max_tokens") or math.inf)
         return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=prompt,
                           response_ids=ids, logprobs=list(out.log_probs or []),
@@ -144,9 +148,15 @@ def close_resources() -> None:
         _resources.popitem()[1].close()
 
 
-def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_length: int) -> list[AgentLoopOutput]:
-    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring)."""
+def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_length: int,
+                 weight_versions: list[int] | None = None) -> list[AgentLoopOutput]:
+    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring).
+
+    ``weight_versions``: the global steps of the weights that generated the episode; their
+    min and max are veRL's ``min_global_steps`` / ``max_global_steps`` of every output.
+    """
     outcome = float(traj.outcome or 0.0)
+    versions = weight_versions or [0]
     episode = f"{traj.group_id}/{traj.sample}"
     outputs = []
     for step, state in zip(traj.steps, states_before(traj)):
@@ -164,6 +174,7 @@ def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_le
             extra_fields={FIELD_STEP: step.index, FIELD_OUTCOME: outcome,
                           FIELD_VOTE_MEAN: math.nan if step.vote_mean is None else float(step.vote_mean),
                           FIELD_STATE: state, FIELD_EPISODE: episode, FIELD_ABORTED: traj.status == "aborted",
+                          "min_global_steps": min(versions), "max_global_steps": max(versions),
                           "reward_extra_info": {}, "turn_scores": [], "tool_rewards": []}))
     return outputs
 
@@ -191,4 +202,5 @@ class NextStateAgentLoop(AgentLoopBase):
         finally:
             res.release(env)
         return step_outputs(traj, cfg.train.role, prompt_length=self.rollout_config.prompt_length,
-                            response_length=self.rollout_config.response_length)
+                            response_length=self.rollout_config.response_length,
+                            weight_versions=policy.weight_versions)

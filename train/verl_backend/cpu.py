@@ -80,6 +80,12 @@ class _CPUDeviceModule(types.ModuleType):
     def reset_peak_memory_stats(*_: Any, **__: Any) -> None:
         return None
 
+    set_per_process_memory_fraction = ipc_collect = reset_peak_memory_stats
+
+    @staticmethod
+    def get_device_name(*_: Any, **__: Any) -> str:
+        return "CPU"
+
     @staticmethod
     def get_rng_state(*_: Any, **__: Any) -> torch.Tensor:
         return torch.get_rng_state()
