@@ -69,6 +69,12 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     data.batch["response_mask"] = new_mask
     episodes = _column(nt, FIELD_EPISODE, n, "")
     kept = result.advantages[result.keep]
+    lengths: dict[str, int] = {}
+    outcomes: dict[str, float] = {}
+    for episode, outcome in zip(episodes[valid].tolist(), rows.outcome.tolist()):
+        lengths[episode] = lengths.get(episode, 0) + 1
+        outcomes[episode] = outcome
+    votes = rows.vote_mean[~np.isnan(rows.vote_mean)]
     metrics = {
         "nextstate/samples": int(keep.sum()), "nextstate/dropped_samples": result.dropped,
         "nextstate/dropped_buckets": result.constant_buckets, "nextstate/buckets": result.buckets,
@@ -77,5 +83,10 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
         "nextstate/step_outcome_mean": float(rows.outcome.mean()) if len(rows) else 0.0,
         "nextstate/advantage_mean": float(kept.mean()) if len(kept) else 0.0,
         "nextstate/advantage_std": float(kept.std()) if len(kept) else 0.0,
+        "nextstate/episodes": len(outcomes),
+        "nextstate/outcome_mean": float(np.mean(list(outcomes.values()))) if outcomes else 0.0,
+        "nextstate/outcome_success": float(np.mean([o > 0 for o in outcomes.values()])) if outcomes else 0.0,
+        "nextstate/episode_length_mean": float(np.mean(list(lengths.values()))) if lengths else 0.0,
+        "nextstate/vote_mean": float(votes.mean()) if len(votes) else 0.0,
     }
     return data, metrics

@@ -14,7 +14,8 @@ outcome, and the step index, judge vote mean, state hash and episode id in
 ``extra_fields`` for the ``nextstate`` trainer mode's advantage computation.
 
 Per worker process the loops share one sandbox pool, a pool of environment
-instances and the env threads (:class:`EpisodeResources`). The run's
+instances, the env threads and the rollout log (``<output>/rollouts.jsonl``,
+one file per worker process when there are several) (:class:`EpisodeResources`). The run's
 settings are the ``nextstate`` section of veRL's config (a serialized
 :class:`train.config.Config`).
 """
@@ -27,6 +28,7 @@ import math
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -35,6 +37,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from agents.chat import ChatConfig
 from agents.loop import run_episode, single_role
 from agents.policy import Generation, Policy
+from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from train.advantage import states_before
 from train.batch import trainable
@@ -113,6 +116,8 @@ class EpisodeResources:
         self.url_judge = make_judge(cfg, None) if cfg.judge.mode == "url" else None
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
         self.free: list[Any] = []
+        name = "rollouts.jsonl" if workers <= 1 else f"rollouts.{os.getpid()}.jsonl"
+        self.recorder = Recorder(Path(cfg.run.output) / name)
 
     async def acquire(self) -> Any:
         """An idle env, or a new one (made in the env threads)."""
@@ -128,6 +133,7 @@ class EpisodeResources:
         for env in self.free:
             env.close()
         self.pool.close()
+        self.recorder.close()
         self.executor.shutdown(wait=False)
 
 
@@ -198,7 +204,8 @@ class NextStateAgentLoop(AgentLoopBase):
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),
                                      sample=int(kwargs.get("session_id", 0)), judge=judge,
-                                     router=single_role(cfg.train.role), executor=res.executor, chat=chat)
+                                     router=single_role(cfg.train.role), executor=res.executor, chat=chat,
+                                     recorder=res.recorder)
         finally:
             res.release(env)
         return step_outputs(traj, cfg.train.role, prompt_length=self.rollout_config.prompt_length,

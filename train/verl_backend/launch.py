@@ -147,7 +147,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"trainer.total_training_steps={cfg.run.steps}", f"trainer.total_epochs={epochs}",
         f"trainer.save_freq={cfg.run.save_every}", f"trainer.max_actor_ckpt_to_keep={cfg.run.keep_checkpoints}",
         f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.resume_mode={'auto' if resume else 'disable'}",
-        "trainer.logger=[console,tensorboard]", "trainer.project_name=nextstate",
+        "trainer.logger=[console]", "trainer.project_name=nextstate",
         f"trainer.experiment_name={cfg.env.family}", "trainer.val_before_train=false", "trainer.test_freq=-1",
         f"trainer.nnodes={v.nnodes}", f"trainer.n_gpus_per_node={v.n_gpus_per_node}",
         *(cpu_overrides(cfg) if on_cpu(cfg) else []),
@@ -172,9 +172,9 @@ def compose(cfg: Config, n_tasks: int, resume: bool = False) -> Any:
         raise ConfigError(f"veRL config: {str(e).splitlines()[0]}") from None
     OmegaConf.set_struct(config, False)
     config.nextstate = {k: v for k, v in cfg.to_dict().items() if k != "verl"}
+    config.nextstate.run.output = str(Path(cfg.run.output).resolve())
     env_vars = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, RUN_ENV: uuid.uuid4().hex[:12],
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-                "TENSORBOARD_DIR": str(Path(cfg.run.output).resolve() / "tensorboard")}
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     if on_cpu(cfg):
         env_vars["VERL_PLATFORM"] = "cpu"
     config.ray_kwargs.ray_init.runtime_env.env_vars = env_vars

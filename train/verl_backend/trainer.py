@@ -13,6 +13,8 @@ config (see :mod:`train.verl_backend.launch`).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +28,37 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
-from train.verl_backend.advantage import FIELDS, step_advantages
+from train.verl_backend.advantage import FIELD_VOTE_MEAN, FIELDS, step_advantages
 
 MODE = "nextstate"
+ADVANTAGE_LOG = "advantages.jsonl"
+
+# veRL's metric names -> the local backend's (train/batch.py, train/learner.py), so metrics.jsonl
+# and curves.png read the same on both backends; every veRL metric is kept as well
+LOCAL_NAMES = {
+    "nextstate/outcome_mean": "outcome/mean", "nextstate/outcome_success": "outcome/success",
+    "nextstate/episodes": "episodes", "nextstate/aborted_episodes": "aborted",
+    "nextstate/vote_mean": "judge/vote_mean", "nextstate/episode_length_mean": "episode/length_mean",
+    "nextstate/reward_mean": "reward/mean", "nextstate/advantage_mean": "advantage/mean",
+    "nextstate/advantage_std": "advantage/std", "nextstate/samples": "batch/samples",
+    "nextstate/dropped_samples": "batch/dropped_samples", "nextstate/dropped_buckets": "batch/dropped_buckets",
+    "nextstate/buckets": "batch/buckets", "actor/pg_loss": "train/pg_loss", "actor/kl_loss": "train/kl",
+    "actor/pg_clipfrac": "train/clip_frac", "actor/pg_clipfrac_lower": "train/clip_frac_lower",
+    "actor/ppo_kl": "train/ppo_kl", "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm",
+    "actor/lr": "train/lr", "timing_s/gen": "time/rollout_s", "timing_s/update_actor": "time/train_s",
+    "timing_s/step": "time/step_s",
+}
+
+
+def local_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """veRL's step metrics plus the local backend's names for the same quantities."""
+    out = dict(metrics)
+    out.update({local: metrics[name] for name, local in LOCAL_NAMES.items() if name in metrics})
+    wall = float(metrics.get("timing_s/step") or 0.0)
+    if wall > 0:
+        out["perf/samples_per_s"] = float(metrics.get("nextstate/samples", 0)) / wall
+        out["perf/episodes_per_s"] = float(metrics.get("nextstate/episodes", 0)) / wall
+    return out
 
 
 def advantage_settings(config: Any) -> dict[str, Any]:
@@ -69,6 +99,26 @@ class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
         super().__init__(*args, **kwargs)
 
 
+def advantage_rows(fetched: TensorDict, tags: list[dict], step: int) -> list[dict[str, Any]]:
+    """One JSON row per sample of an update: its step fields and the advantage on its tokens.
+
+    ``advantage`` is the value on the sample's first trained token (0 for a row with none),
+    ``uniform`` whether every trained token carries that value, ``tokens`` how many are trained.
+    """
+    rows = []
+    for i, (adv, mask, extra) in enumerate(zip(fetched["advantages"].unbind(), fetched["response_mask"].unbind(),
+                                               fetched["extra_fields"])):
+        trained = adv[mask.bool()]
+        extra = extra or {}
+        vote = extra.get(FIELD_VOTE_MEAN)
+        rows.append({"step": step, "uid": str(fetched["uid"][i]), "padding": bool(tags[i].get("is_padding", False)),
+                     **{name: extra.get(name) for name in FIELDS if name != FIELD_VOTE_MEAN},
+                     FIELD_VOTE_MEAN: None if vote is None or vote != vote else float(vote),
+                     "tokens": int(mask.sum()), "advantage": float(trained[0]) if len(trained) else 0.0,
+                     "uniform": bool((trained == trained[0]).all()) if len(trained) else True})
+    return rows
+
+
 @register_trainer(MODE)
 class NextStateTrainer(PPOTrainerSync):
     """veRL's sync PPO trainer; advantages from the step rows (see module docstring)."""
@@ -81,6 +131,27 @@ class NextStateTrainer(PPOTrainerSync):
     @trainer_mode.setter
     def trainer_mode(self, value: str) -> None:
         """The configured name (``nextstate``) only selects this class."""
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        """veRL's metrics, then one row of ``<output>/metrics.jsonl`` and the curves PNG."""
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        if getattr(self, "_metrics_log", None) is None:
+            from train.metrics import MetricsLog
+            resumed = self.config.trainer.resume_mode != "disable"
+            self._metrics_log = MetricsLog(self.config.nextstate.run.output,
+                                           resume_step=global_steps - 1 if resumed else None)
+        self._metrics_log.log(global_steps, local_metrics(metrics))
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """veRL's actor update, after logging the advantages it reads (``<output>/advantages.jsonl``)."""
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                  select_fields=["uid", "advantages", "response_mask", "extra_fields"])
+        rows = advantage_rows(fetched, batch.tags, step=self.global_steps)
+        path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        return super()._update_actor(batch, metrics)
 
     def _init_resource_pool_mgr(self) -> None:
         """veRL's pools and roles; on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""
