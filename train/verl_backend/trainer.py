@@ -9,6 +9,11 @@ per-step fields from TransferQueue, runs
 writes ``advantages``, ``returns`` and the (possibly zeroed) response and
 loss masks back. The settings come from the ``nextstate`` section of the
 config (see :mod:`train.verl_backend.launch`).
+
+The mode also writes the local backend's ``metrics.jsonl`` and ``curves.png``
+(:func:`local_metrics`) and ``advantages.jsonl`` (:func:`advantage_rows`: the
+advantages each actor update reads) to the run's output folder, and on the
+``cpu`` platform starts its workers as :class:`CPUActorRolloutRefWorker`.
 """
 
 from __future__ import annotations
@@ -149,6 +154,12 @@ class NextStateTrainer(PPOTrainerSync):
                                   select_fields=["uid", "advantages", "response_mask", "extra_fields"])
         rows = advantage_rows(fetched, batch.tags, step=self.global_steps)
         path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
+        if not getattr(self, "_advantage_log_started", False):   # a fresh run, or rows up to the checkpoint
+            self._advantage_log_started = True
+            resumed = self.config.trainer.resume_mode != "disable" and path.exists()
+            kept = [line for line in path.read_text().splitlines()
+                    if json.loads(line)["step"] < self.global_steps] if resumed else []
+            path.write_text("".join(line + "\n" for line in kept))
         with path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         return super()._update_actor(batch, metrics)
