@@ -49,9 +49,8 @@ def settle(pool: SandboxPool, timeout: float = 300.0) -> None:
     neither mode pays for the other's cleanup."""
     pool.wait_ready(timeout)
     client, deadline = containers.connect(), time.monotonic() + timeout
-    label = f"{containers.RUN_LABEL}={pool.run_id}"
     try:
-        while len(client.containers.list(all=True, filters={"label": label})) > pool.size:
+        while len(containers.project_containers(client, pool.run_id)) > pool.size:
             if time.monotonic() > deadline:
                 raise TimeoutError("old sandboxes were not removed in time")
             time.sleep(0.2)

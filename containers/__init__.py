@@ -49,9 +49,9 @@ def connect(host: str | None = None) -> docker.DockerClient:
 
 
 from .build import build_image, ensure_image  # noqa: E402
-from .reap import reap  # noqa: E402
+from .reap import project_containers, reap  # noqa: E402
 
 __all__ = [
     "PROJECT_LABEL", "RUN_LABEL", "PID_LABEL", "HOST_LABEL", "ROLE_LABEL",
-    "owner_labels", "connect", "reap", "ensure_image", "build_image",
+    "owner_labels", "connect", "project_containers", "reap", "ensure_image", "build_image",
 ]

@@ -34,9 +34,17 @@ def owner_alive(labels: dict[str, str]) -> bool | None:
         return False
 
 
-def project_containers(client: docker.DockerClient) -> list[dict[str, Any]]:
-    """All project containers, running or not, as the engine lists them (one call)."""
-    return client.api.containers(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
+def project_containers(client: docker.DockerClient, run_id: str | None = None, *,
+                       running: bool = False) -> list[dict[str, Any]]:
+    """The project's containers (of one run, with `run_id`), stopped ones too unless
+    `running`, as the engine lists them: one low-level call, so a container removed
+    meanwhile is simply absent (the high-level ``containers.list`` inspects each one in
+    turn and raises ``NotFound`` for it)."""
+    label = f"{RUN_LABEL}={run_id}" if run_id else f"{PROJECT_LABEL}={PROJECT}"
+    filters: dict[str, Any] = {"label": label}
+    if running:
+        filters["status"] = "running"
+    return client.api.containers(all=not running, filters=filters)
 
 
 def doomed(labels: dict[str, str], *, all_hosts: bool, run_id: str | None) -> bool:

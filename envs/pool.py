@@ -169,12 +169,21 @@ class SandboxPool:
         sb._pool_client = idx  # type: ignore[attr-defined]
         return sb
 
+    def _submit(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run ``fn`` on the pool's workers unless the pool is closed (checked under the lock,
+        so a racing :meth:`close` can't shut the executor down in between)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._workers.submit(fn, *args)
+            return True
+
     def _spawn(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._starting += 1
-        self._workers.submit(self._start_one)
+            self._workers.submit(self._start_one)
 
     def _start_one(self) -> None:
         try:
@@ -310,7 +319,8 @@ class SandboxPool:
         if reuse and sb.is_alive():
             self._put_ready(sb)
             return
-        self._workers.submit(self._destroy, sb) if not self._closed else self._destroy(sb)
+        if not self._submit(self._destroy, sb):
+            self._destroy(sb)
         self._spawn()
 
     @contextmanager
@@ -359,8 +369,7 @@ class SandboxPool:
         running: dict[int, set[str]] = {}
         for idx, client in enumerate(self._clients):
             try:
-                listed = client.api.containers(filters={"label": f"{containers.RUN_LABEL}={self.run_id}",
-                                                        "status": "running"})
+                listed = containers.project_containers(client, self.run_id, running=True)
             except Exception as e:
                 log.debug("listing containers: %s", e)
                 continue

@@ -22,11 +22,6 @@ pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]
 
 
-def project_containers(client, run_id: str | None = None) -> list:
-    label = f"{containers.RUN_LABEL}={run_id}" if run_id else f"{containers.PROJECT_LABEL}=nextstate"
-    return client.containers.list(all=True, filters={"label": label})
-
-
 def test_lease_release_replaces_with_a_fresh_sandbox(terminal_image, docker_client):
     with SandboxPool(terminal_image, size=2, backend="docker") as pool:
         pool.wait_ready(120)
@@ -41,9 +36,9 @@ def test_lease_release_replaces_with_a_fresh_sandbox(terminal_image, docker_clie
                 seen.add(other.id)
                 assert other.run("cat /app/leak").exit_code != 0  # nothing leaks
         assert first not in seen
-        labels = project_containers(docker_client, pool.run_id)[0].labels
+        labels = containers.project_containers(docker_client, pool.run_id)[0]["Labels"]
         assert labels[containers.PID_LABEL] == str(os.getpid())
-    assert project_containers(docker_client, pool.run_id) == []
+    assert containers.project_containers(docker_client, pool.run_id) == []
 
 
 def test_lease_timeout_and_close_wake_waiters(terminal_image):
@@ -127,20 +122,20 @@ def spawn_pool_owner(image: str, run_id: str) -> subprocess.Popen:
 def test_sigkilled_owner_leaves_nothing_after_reap(terminal_image, docker_client):
     proc = spawn_pool_owner(terminal_image, "sigkill-test")
     try:
-        assert len(project_containers(docker_client, "sigkill-test")) == 2
+        assert len(containers.project_containers(docker_client, "sigkill-test")) == 2
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     removed = containers.reap(docker_client)
     assert removed >= 2
-    assert project_containers(docker_client, "sigkill-test") == []
+    assert containers.project_containers(docker_client, "sigkill-test") == []
 
 
 def test_sigterm_closes_the_pool(terminal_image, docker_client):
     proc = spawn_pool_owner(terminal_image, "sigterm-test")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) != 0
-    assert project_containers(docker_client, "sigterm-test") == []
+    assert containers.project_containers(docker_client, "sigterm-test") == []
 
 
 def test_pool_spans_several_engine_urls(terminal_image):
@@ -156,3 +151,26 @@ def test_local_backend_pool_warns_and_works():
         pool = SandboxPool(size=1, backend="local")
     with pool, pool.leased(timeout=30) as sb:
         assert sb.run("echo hi").stdout == "hi\n"
+
+
+def test_work_is_handed_to_the_workers_under_the_lock():
+    """release() and the respawn check ``closed`` and submit in one critical section, so a
+    close() racing them can't shut the executor down in between (RuntimeError: cannot
+    schedule new futures after shutdown)."""
+    with pytest.warns(RuntimeWarning):
+        pool = SandboxPool(size=1, backend="local")
+    real = pool._workers
+
+    class Checked:
+        def submit(self, fn, *args):
+            assert pool._lock.locked() and not pool._closed, "submitted outside the lock"
+            return real.submit(fn, *args)
+
+        def shutdown(self, **kw):
+            real.shutdown(**kw)
+
+    with pool:
+        pool._workers = Checked()
+        with pool.leased(timeout=30) as sb:
+            sb.run("true")
+        pool.wait_ready(30)

@@ -23,10 +23,6 @@ def call(name: str, **arguments: object) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def left_over(client, run_id: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"{containers.RUN_LABEL}={run_id}"})
-
-
 @pytest.fixture(scope="module")
 def client():
     client = containers.connect()
@@ -81,8 +77,8 @@ def test_a_correct_fix_with_the_editor_is_resolved(env, client, pool):
     assert sorted(outcome["tests_status"]["FAIL_TO_PASS"]["success"]) == listed_tests(
         INSTANCES["nextstate__datekit-12"], "FAIL_TO_PASS")
     assert outcome["model_patch"].startswith("diff --git a/datekit/calendar.py b/datekit/calendar.py")
-    assert not [c for c in left_over(client, pool.run_id)
-                if c.labels.get(containers.ROLE_LABEL) == "grader"]
+    assert not [c for c in containers.project_containers(client, pool.run_id)
+                if c["Labels"].get(containers.ROLE_LABEL) == "grader"]
 
 
 def test_a_wrong_fix_is_not_resolved_and_truncation_grades_too(pool):
@@ -118,7 +114,7 @@ def test_a_broken_patch_is_reported_as_not_applying(client):
     result = grade(instance, broken, client=client, run_id="test-broken-patch", timeout=60)
     assert not result.resolved and result.reason == "the patch does not apply"
     assert not result.patch_applied and "patch --batch" in result.log_tail
-    assert not left_over(client, "test-broken-patch")
+    assert not containers.project_containers(client, "test-broken-patch")
 
 
 def test_hung_tests_are_killed_at_the_timeout(client):
@@ -130,7 +126,7 @@ def test_hung_tests_are_killed_at_the_timeout(client):
     assert time.monotonic() - start < 60
     assert not result.resolved and result.test_timed_out and "timed out after 5s" in result.reason
     assert result.patch_applied
-    assert not left_over(client, "test-hung-tests")
+    assert not containers.project_containers(client, "test-hung-tests")
 
 
 def test_a_missing_swebench_image_is_a_clear_error(pool):

@@ -109,9 +109,9 @@ def test_load_errors(tmp_path: Path) -> None:
 
 def test_builtin_tasks_are_the_default() -> None:
     from envs.terminal import BUILTIN_TASKS
-    if not any(BUILTIN_TASKS.glob("*/task.yaml")):
-        pytest.skip("no built-in terminal tasks yet")
-    assert len(TerminalEnv().tasks) == len(list(BUILTIN_TASKS.glob("*/task.yaml")))
+    shipped = list(BUILTIN_TASKS.glob("*/task.yaml"))
+    assert shipped, f"no built-in terminal tasks in {BUILTIN_TASKS}"
+    assert len(TerminalEnv().tasks) == len(shipped)
 
 
 def test_network_tasks_ask_for_a_networked_sandbox() -> None:

@@ -72,8 +72,7 @@ def test_dapo_and_aime_rows(tmp_path: Path) -> None:
 
 
 def test_builtin_problems_load() -> None:
-    if not list(BUILTIN_TASKS.glob("*.jsonl")):
-        pytest.skip("no built-in math problems yet")
+    assert list(BUILTIN_TASKS.glob("*.jsonl")), f"no built-in math problems in {BUILTIN_TASKS}"
     assert ToolCallEnv().tasks
 
 

@@ -52,6 +52,19 @@ def test_updates_raise_or_lower_the_logprob_of_a_fixed_response(generation, sign
     assert served == pytest.approx(after, abs=1e-4)
 
 
+def test_a_non_finite_gradient_skips_the_update_and_says_so(generation):
+    learner = Learner(HFPolicy("tiny", seed=0), _cfg())
+    sample = Sample(generation.prompt_ids, generation.response_ids, generation.logprobs, 1.0, 1.0)
+    metrics = learner.step(Batch([sample]), progress=False)
+    assert metrics["train/skipped_nonfinite"] == 0.0
+    with torch.no_grad():
+        next(learner.model.parameters()).view(-1)[0] = float("nan")   # poisons every gradient
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    metrics = learner.step(Batch([sample]), progress=False)
+    assert metrics["train/skipped_nonfinite"] == 1.0
+    assert all(torch.equal(a, b) or torch.isnan(a).any() for a, b in zip(before, learner.model.parameters()))
+
+
 def test_actor_loss_is_verls_vanilla_loss_plus_low_var_kl(generation):
     cfg = _cfg()
     actor = actor_config(cfg.train, 2)

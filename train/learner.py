@@ -11,6 +11,7 @@ batch, accumulated over micro-batches.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
@@ -19,6 +20,8 @@ from tqdm.auto import tqdm
 from train.batch import Batch, micro_batches
 from train.config import Config
 from train.loss import actor_config, actor_loss, token_log_probs
+
+log = logging.getLogger(__name__)
 
 
 class Learner:
@@ -42,7 +45,9 @@ class Learner:
         self.device = next(self.model.parameters()).device
 
     def step(self, batch: Batch, progress: bool = True) -> dict[str, float]:
-        """One optimizer update on ``batch``; returns loss, KL, clip fraction, entropy, grad norm."""
+        """One optimizer update on ``batch``; returns loss, KL, clip fraction, entropy, grad norm.
+
+        A non-finite gradient norm skips the update and sets ``train/skipped_nonfinite``."""
         if not batch.samples:
             return {"train/skipped": 1.0}
         mbs = micro_batches(batch.samples, self.cfg.train.micro_batch_size, self.pad_id)
@@ -64,9 +69,13 @@ class Learner:
             for k, v in metrics.items():   # token-weighted means; pg_loss is already a share of the total
                 sums[k] = sums.get(k, 0.0) + (v if k == "pg_loss" else v * weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-        if torch.isfinite(grad_norm):
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
             self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm (%s): update skipped", float(grad_norm))
         out = {f"train/{k}": v for k, v in sums.items()}
+        out["train/skipped_nonfinite"] = 0.0 if finite else 1.0
         out["train/grad_norm"] = float(grad_norm)
         out["train/lr"] = self.optimizer.param_groups[0]["lr"]
         return out
