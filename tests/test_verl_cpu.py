@@ -63,7 +63,7 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
              "--steps", "1", "--output", str(out_dir), "--judge", judge.url,
              "env.sandbox_backend=local", "env.max_steps=2", "rollout.tasks_per_step=2",
              "rollout.samples_per_task=4", "rollout.max_response_tokens=16", "train.lr=1e-4",
-             "verl.overrides=[actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]]"],
+             "verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]']"],
             cwd=REPO, capture_output=True, text=True, timeout=1500,
             env={**os.environ, "PYTHONPATH": str(REPO)})
         judged = len(judge.requests)

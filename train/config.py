@@ -163,7 +163,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if isinstance(value, str):
                 value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
             return [_coerce(v, args[0], key) for v in value]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"config key {key}: cannot use {value!r} as {getattr(tp, '__name__', tp)}") from None
     raise ConfigError(f"config key {key}: unsupported type {tp}")
 
