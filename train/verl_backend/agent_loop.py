@@ -43,8 +43,8 @@ from train.advantage import states_before
 from train.batch import trainable
 from train.config import Config, config_from_dict
 from train.rollout import make_envs, make_judge
-from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_STATE, FIELD_STEP,
-                                          FIELD_VOTE_MEAN)
+from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_SCORE, FIELD_STATE,
+                                          FIELD_STEP, FIELD_VOTE_MEAN)
 from train.verl_backend.launch import RUN_ENV
 
 AGENT_NAME = "nextstate"
@@ -180,6 +180,7 @@ def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_le
             extra_fields={FIELD_STEP: step.index, FIELD_OUTCOME: outcome,
                           FIELD_VOTE_MEAN: math.nan if step.vote_mean is None else float(step.vote_mean),
                           FIELD_STATE: state, FIELD_EPISODE: episode, FIELD_ABORTED: traj.status == "aborted",
+                          FIELD_SCORE: float(step.score) if step.votes else None,
                           "min_global_steps": min(versions), "max_global_steps": max(versions),
                           "reward_extra_info": {}, "turn_scores": [], "tool_rewards": []}))
     return outputs

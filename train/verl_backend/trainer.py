@@ -43,7 +43,8 @@ ADVANTAGE_LOG = "advantages.jsonl"
 LOCAL_NAMES = {
     "nextstate/outcome_mean": "outcome/mean", "nextstate/outcome_success": "outcome/success",
     "nextstate/episodes": "episodes", "nextstate/aborted_episodes": "aborted",
-    "nextstate/vote_mean": "judge/vote_mean", "nextstate/episode_length_mean": "episode/length_mean",
+    "nextstate/vote_mean": "judge/vote_mean", "nextstate/judge_score_mean": "judge/score_mean",
+    "nextstate/episode_length_mean": "episode/length_mean",
     "nextstate/reward_mean": "reward/mean", "nextstate/advantage_mean": "advantage/mean",
     "nextstate/advantage_std": "advantage/std", "nextstate/samples": "batch/samples",
     "nextstate/dropped_samples": "batch/dropped_samples", "nextstate/dropped_buckets": "batch/dropped_buckets",
