@@ -100,7 +100,8 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]
     m = metrics[0]
-    for key in ("outcome/mean", "judge/score_mean", "reward/mean", "advantage/std", "train/kl", "train/clip_frac", "batch/samples"):
+    for key in ("outcome/mean", "judge/score_mean", "reward/mean", "advantage/std", "train/kl", "train/clip_frac",
+                "batch/samples"):
         assert key in m, key
     assert m["training/rollout_probs_diff_max"] < 1e-3
     assert (out_dir / "curves.png").stat().st_size > 0
