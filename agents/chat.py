@@ -4,7 +4,10 @@ System prompt (a family intro, an optional per-role note, and the tool schemas
 when the policy cannot take them through ``tools=``), the message list from
 the episode so far, truncation of that history to a token budget (keep the
 system prompt, the task and the latest turns; drop the middle with a marker),
-and the stop strings and response length for each generation.
+the images kept in the history (the last ``max_images``, as OSWorld's agents keep
+the last few screenshots), and the stop strings and response length for each
+generation. Observations arrive as :class:`envs.base.Observation` (what
+``env.present`` returns); nothing here looks inside a family's own observation.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.policy import Policy
+from envs.base import Observation
 
 FAMILY_INTROS = {
     "terminal": "You are an agent working in a Linux terminal. Reach the goal of the task by "
@@ -38,13 +42,16 @@ class ChatConfig:
     """Context budget and generation limits.
 
     ``context_tokens`` bounds the prompt plus ``max_response_tokens``;
-    ``max_observation_chars`` clips each observation (head and tail kept).
+    ``max_observation_chars`` clips each observation (head and tail kept);
+    ``max_images`` is how many of the latest images the history keeps (older
+    ones become an ``[image omitted]`` note; 0 sends none).
     """
 
     context_tokens: int = 32768
     max_response_tokens: int = 1024
     stop: tuple[str, ...] = ("</tool_call>",)
     max_observation_chars: int = 16000
+    max_images: int = 3
 
     def sampling(self) -> dict[str, Any]:
         """Stop conditions and length for a policy call (EOS always stops too)."""
@@ -87,12 +94,17 @@ def multimodal(text: str, images: list[Any] | None) -> str | list[dict]:
         {"type": "image_url", "image_url": {"url": _image_url(im)}} for im in images]
 
 
-def observation_content(obs: Any, max_chars: int) -> str | list[dict]:
-    """Message content for an observation: text, or a dict with ``text`` and ``image``/``images``."""
-    if isinstance(obs, dict):
-        images = obs.get("images") or ([obs["image"]] if obs.get("image") is not None else [])
-        return multimodal(clip(str(obs.get("text", "")), max_chars), images)
-    return clip("" if obs is None else str(obs), max_chars)
+def observation_content(obs: Observation | str | None, max_chars: int,
+                        max_images: int | None = None) -> str | list[dict]:
+    """Message content for an observation: its clipped text, then its images as ``image_url``
+    parts (the first ``max_images`` of them, the rest noted as omitted)."""
+    obs = Observation.of(obs)
+    text = clip(obs.text, max_chars)
+    keep = len(obs.images) if max_images is None else max(0, min(max_images, len(obs.images)))
+    if keep < len(obs.images):
+        n = len(obs.images) - keep
+        text += f"\n[{n} image{'s' * (n != 1)} omitted]"
+    return multimodal(text, obs.images[:keep])
 
 
 @dataclass
@@ -100,14 +112,14 @@ class Turn:
     """One step in the conversation: the assistant's text and what came back."""
 
     text: str
-    observation: Any
+    observation: Observation | str
     valid: bool = True  # a tool ran (observation is its result), else a format error message
 
 
-def turn_messages(turn: Turn, index: int, max_chars: int) -> list[dict]:
+def turn_messages(turn: Turn, index: int, max_chars: int, max_images: int | None = None) -> list[dict]:
     """The assistant's message, then the tool's result (or, for an invalid action, the error
     as a user message: no tool ran)."""
-    content = observation_content(turn.observation, max_chars)
+    content = observation_content(turn.observation, max_chars, max_images)
     if turn.valid:
         reply = {"role": "tool", "content": content, "tool_call_id": f"call_{index}"}
     else:
@@ -123,21 +135,33 @@ def _with_marker(task: dict, dropped: int) -> dict:
     return {**task, "content": content + note}
 
 
-def build_messages(system: str, first_observation: Any, turns: list[Turn], *, policy: Policy,
+def _image_quota(observations: list[Observation | str], max_images: int) -> list[int]:
+    """How many images each observation may show so that only the latest ``max_images`` stay."""
+    quota, left = [], max_images
+    for obs in reversed(observations):
+        n = len(Observation.of(obs).images)
+        quota.append(min(n, left))
+        left -= quota[-1]
+    return quota[::-1]
+
+
+def build_messages(system: str, first_observation: Observation | str, turns: list[Turn], *, policy: Policy,
                    tools: list[dict] | None, config: ChatConfig) -> list[dict]:
     """The prompt for the next step, truncated to ``config``'s budget.
 
     Keeps the system prompt, the task (first observation) and as many of the
     latest turns as fit; the dropped middle is announced in the task message.
     When even the last turn alone does not fit, observations are clipped harder.
+    Only the latest ``config.max_images`` images are sent.
     """
     budget = config.context_tokens - config.max_response_tokens
     max_chars = config.max_observation_chars
+    quota = _image_quota([first_observation] + [t.observation for t in turns], config.max_images)
 
     def render(dropped: int) -> list[dict]:
-        task = {"role": "user", "content": observation_content(first_observation, max_chars)}
+        task = {"role": "user", "content": observation_content(first_observation, max_chars, quota[0])}
         body = [m for i, t in enumerate(turns) if i >= dropped
-                for m in turn_messages(t, i, max_chars)]
+                for m in turn_messages(t, i, max_chars, quota[i + 1])]
         return [{"role": "system", "content": system},
                 _with_marker(task, dropped) if dropped else task, *body]
 

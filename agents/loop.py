@@ -72,12 +72,6 @@ def planner_executor(k: int = 3, planner: str = "planner", executor: str = "exec
                   {planner: PLANNER_NOTE, executor: EXECUTOR_NOTE, **(notes or {})})
 
 
-def _screens(obs: Any) -> list[Any]:
-    if isinstance(obs, dict):
-        return list(obs.get("images") or ([obs["image"]] if obs.get("image") is not None else []))
-    return []
-
-
 async def _timed_judge(judge: StepJudge, req: JudgeRequest) -> tuple[JudgeResult, float]:
     start = time.monotonic()
     result = await judge.judge(req)
@@ -112,7 +106,8 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
     pending: list[tuple[Step, asyncio.Task]] = []
     where = {"group_id": group_id, "task_id": task.id, "sample": sample}
     try:
-        first_obs, _ = await loop.run_in_executor(executor, partial(env.reset, options={"task": task}))
+        raw_first, _ = await loop.run_in_executor(executor, partial(env.reset, options={"task": task}))
+        first_obs = env.present(raw_first)  # the one view of an observation (envs.base.Observation)
         turns: list[Turn] = []
         prev_obs = first_obs
         while True:
@@ -128,8 +123,9 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
             t0 = time.monotonic()
             gen = await policy.generate(messages, env.tools if policy.renders_tools else None, **gen_kw)
             t1 = time.monotonic()
-            obs, reward, terminated, truncated, info = await loop.run_in_executor(
+            raw_obs, reward, terminated, truncated, info = await loop.run_in_executor(
                 executor, env.step, gen.text)
+            obs = env.present(raw_obs)
             state = info.get("next_state", {})
             step = Step(role=role, index=index, prompt_ids=gen.prompt_ids,
                         response_ids=gen.response_ids, logprobs=gen.logprobs, text=gen.text,
@@ -140,14 +136,15 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
             if recorder:
                 recorder.record("step", {**where, "step": index, "role": role, "messages": messages,
                                          "text": gen.text, "action": step.action, "next_state": state,
-                                         "reward": reward, "ids_from_server": gen.ids_from_server})
+                                         "observation": obs, "reward": reward,
+                                         "ids_from_server": gen.ids_from_server})
             if "aborted" in info:
                 traj.status, traj.error = "aborted", str(info["aborted"])
                 break
             if judge is not None:
-                images = (_screens(prev_obs) + _screens(obs)) or None
                 history = [{"action": s.action or s.text, "next_state": s.next_state} for s in traj.steps[:-1]]
-                req = JudgeRequest(env.family, task.instruction, history, step.action or gen.text, state, images)
+                req = JudgeRequest(env.family, task.instruction, history, step.action or gen.text, state,
+                                   before=prev_obs, after=obs)
                 pending.append((step, asyncio.create_task(_timed_judge(judge, req))))
             turns.append(Turn(gen.text, obs, valid=bool(state.get("valid", True))))
             prev_obs = obs
@@ -215,8 +212,13 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                 except Exception as e:  # e.g. no Docker engine, image missing
                     log.warning("episode %s/%s aborted: could not make an env: %s", group_id, sample, e)
                     bar.update(1)
-                    return Trajectory(task.id, group_id, sample, family="", status="aborted",
+                    traj = Trajectory(task.id, group_id, sample, family="", status="aborted",
                                       error=f"{type(e).__name__}: {e}")
+                    if recorder:  # logged like any episode, so the log's aborted count is complete
+                        recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
+                                                       "status": "aborted", "error": traj.error, "outcome": None,
+                                                       "steps": 0, "step_scores": []})
+                    return traj
                 made.append(env)
             try:
                 traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,

@@ -4,11 +4,19 @@
 and never drops); the writer thread turns each record into one line
 ``{"kind": ..., "time": ..., **payload}``. ``close()`` writes everything still
 queued and closes the file; it also runs at interpreter exit.
+
+Images never go into the JSONL: PNG bytes and ``data:image/png;base64,...`` URLs
+anywhere in a payload (screenshots in observations, in ``next_state``, in the
+prompt's ``image_url`` parts) are written once each to ``images/<sha256>.png``
+beside the log, and the record holds that relative path instead.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
+import dataclasses
+import hashlib
 import json
 import os
 import queue
@@ -19,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 _STOP = object()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PNG_URL = "data:image/png;base64,"
 
 
 class Recorder:
@@ -27,6 +37,7 @@ class Recorder:
     def __init__(self, path: str | os.PathLike, flush_every: float = 1.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.images_dir = self.path.parent / "images"
         self._file = self.path.open("a", encoding="utf-8")
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._flush_every = flush_every
@@ -55,12 +66,41 @@ class Recorder:
             if item is _STOP:
                 break
             if item is not None:
-                self._file.write(json.dumps(item, default=_jsonable, ensure_ascii=False) + "\n")
+                line = json.dumps(self._externalize(item), default=_jsonable, ensure_ascii=False)
+                self._file.write(line + "\n")
                 self.written += 1
             if item is None or time.monotonic() - last_flush >= self._flush_every:
                 self._file.flush()
                 last_flush = time.monotonic()
         self._file.flush()
+
+    def _save_png(self, data: bytes) -> str:
+        """Writes ``data`` to ``images/<sha256>.png`` (once); the path relative to the log's folder."""
+        name = f"{hashlib.sha256(data).hexdigest()[:32]}.png"
+        target = self.images_dir / name
+        if not target.exists():
+            self.images_dir.mkdir(exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+        return f"{self.images_dir.name}/{name}"
+
+    def _externalize(self, obj: Any) -> Any:
+        """``obj`` with every PNG (bytes or data URL) replaced by the path of its saved file."""
+        if isinstance(obj, dict):
+            return {k: self._externalize(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self._externalize(v) for v in obj]
+        if isinstance(obj, bytes) and obj.startswith(PNG_MAGIC):
+            return self._save_png(obj)
+        if isinstance(obj, str) and obj.startswith(PNG_URL):
+            try:
+                return self._save_png(base64.b64decode(obj[len(PNG_URL):], validate=True))
+            except ValueError:
+                return obj
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return self._externalize({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+        return obj
 
     def close(self) -> None:
         """Write out everything queued, then close the file. Safe to call twice."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from envs.base import Observation
+
 Status = Literal["finished", "truncated", "aborted"]
 
 
@@ -24,7 +26,7 @@ class Step:
     text: str
     action: dict | None
     next_state: dict
-    observation: Any
+    observation: Observation | Any  # what env.present() showed after the step
     votes: list[int] = field(default_factory=list)
     score: float = 0.0
     vote_mean: float | None = None
@@ -40,7 +42,11 @@ class Step:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Step":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kw = {k: v for k, v in data.items() if k in names}
+        obs = kw.get("observation")
+        if isinstance(obs, dict) and set(obs) == {f.name for f in fields(Observation)}:
+            kw["observation"] = Observation(**obs)
+        return cls(**kw)
 
 
 @dataclass

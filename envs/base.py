@@ -12,6 +12,15 @@ in four hooks: :meth:`~NextStateEnv.load_tasks`, :meth:`~NextStateEnv.start_epis
 :meth:`~NextStateEnv.call_tool` and :meth:`~NextStateEnv.compute_outcome`.
 Parsing, validation, step counting, truncation, timing, sandbox leasing and
 error handling live here once.
+
+Observations: ``reset`` and ``step`` return whatever suits the family (a string
+for terminal, tool-call and SWE; a dict with a PIL screenshot for GUI, as
+OSWorld's users expect). Everything that *shows* an observation -- the chat
+prompt, the step judge, the rollout log -- reads it only through
+:meth:`NextStateEnv.present`, which turns it into one :class:`Observation`:
+text, images, structured extras. A family whose observation is not a string
+overrides ``present``; the default refuses anything else, so a new family
+cannot leave the agent blind without an error.
 """
 
 from __future__ import annotations
@@ -79,6 +88,37 @@ class ToolResult:
     done: bool = False
     timed_out: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Observation:
+    """An observation as the agent and the judge are shown it (see :meth:`NextStateEnv.present`).
+
+    ``text``: everything the model reads, laid out (the instruction, the step's
+    output, an accessibility tree...). ``images``: PNG bytes, in the order the
+    model sees them (a screenshot; empty for text families). ``extras``:
+    structured fields for code and logs, never rendered into the prompt.
+    """
+
+    text: str
+    images: list[bytes] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"Observation.text must be a str, got {type(self.text).__name__}")
+        if any(not isinstance(im, bytes) for im in self.images):
+            raise TypeError("Observation.images must be PNG bytes")
+
+    @classmethod
+    def of(cls, obs: Any) -> "Observation":
+        """The default view: a string (or None) is text; an Observation is itself."""
+        if isinstance(obs, Observation):
+            return obs
+        if obs is None or isinstance(obs, str):
+            return cls("" if obs is None else obs)
+        raise TypeError(f"cannot show a {type(obs).__name__} observation to the agent: the env "
+                        "must override present() to turn it into an envs.base.Observation")
 
 
 @dataclass
@@ -219,6 +259,13 @@ class NextStateEnv(gymnasium.Env):
     def observe(self, result: ToolResult) -> Any:
         """The observation :meth:`step` returns for a tool result."""
         return result.output
+
+    def present(self, obs: Any) -> Observation:
+        """``obs`` (returned by :meth:`reset` or :meth:`step`) as the agent and judge see it.
+
+        The default takes strings; a family with richer observations overrides it.
+        """
+        return Observation.of(obs)
 
     # -- helpers for tools -----------------------------------------------------------------
     @property

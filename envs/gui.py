@@ -5,6 +5,11 @@ Observation (a ``gymnasium.spaces.Dict``)::
     {"screenshot": PIL.Image (RGB, screen_size), "accessibility_tree": str,
      "instruction": str, "output": str}
 
+The agent and the judge see it through :meth:`GUIEnv.present` (the
+:class:`~envs.base.Observation` contract): the screenshot as a PNG image, and
+as text the instruction (first observation), the last action's output and the
+accessibility tree, cut to ``a11y_tree_max_chars``.
+
 ``accessibility_tree`` is a tab-separated table in the columns of OSWorld's
 linearised tree (tag, name, text, position, size): the windows, then the
 visible elements of the active Chromium tab with screen coordinates (read
@@ -25,7 +30,7 @@ Actions, in any of these forms (see :meth:`GUIEnv.parse`):
 ``DONE`` ends the episode and grades it; ``FAIL`` ends it saying the task is
 infeasible (right only for OSWorld's infeasible tasks).
 ``info["next_state"]`` carries ``screenshot_before``/``screenshot_after``
-(PNG bytes: drop them before logging JSON) and the code that ran.
+(PNG bytes; the rollout recorder saves them as PNG files) and the code that ran.
 
 Tasks: ``"builtin"`` (default; the web tasks in ``envs/tasks/gui/``, each
 with a JavaScript check and a scripted solution), ``"osworld:DIR"`` (OSWorld
@@ -52,7 +57,7 @@ from PIL import Image
 
 from envs import osworld, osworld_eval
 from envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_schema
-from envs.base import AnyText, NextStateEnv, Outcome, Task, ToolResult
+from envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, ToolResult
 from envs.osworld import DesktopClient, DesktopError, TaskUnsupported
 from envs.sandbox import Sandbox
 from envs.validate import check_oracles, register_validator
@@ -171,6 +176,19 @@ def computer13_code(kind: str, args: dict[str, Any], size: tuple[int, int]) -> s
             raise ActionError("HOTKEY needs keys, a non-empty list of key names.")
         return f"pyautogui.hotkey({', '.join(repr(str(k)) for k in keys)})"
     raise ActionError(f"Unknown action {kind!r}; use one of {', '.join(ACTIONS)}.")
+
+
+def truncate_tree(tree: str, max_chars: int) -> str:
+    """``tree`` cut to whole lines within ``max_chars``, saying how many lines were left out."""
+    if len(tree) <= max_chars:
+        return tree
+    lines, kept, used = tree.splitlines(), [], 0
+    for line in lines:
+        if used + len(line) + 1 > max_chars:
+            break
+        kept.append(line)
+        used += len(line) + 1
+    return "\n".join(kept) + f"\n[... {len(lines) - len(kept)} more lines cut to fit the budget]"
 
 
 def _code_in(text: str) -> str | None:
@@ -317,6 +335,8 @@ class GUIEnv(NextStateEnv):
         screen_size: ``(width, height)`` of the virtual screen.
         observation_type: ``"screenshot_a11y_tree"`` (default), ``"screenshot"`` or ``"a11y_tree"``.
         settle: seconds to wait after an action before the screenshot.
+        a11y_tree_max_chars: the budget of the accessibility tree in what the agent is shown
+            (whole lines are kept, the rest is counted; OSWorld's agents cap it in tokens).
         **kwargs: :class:`~envs.base.NextStateEnv`'s (``pool``, ``max_steps``, ...); pools the env
             makes get 2 GiB of memory and 1024 pids unless told otherwise.
     """
@@ -330,7 +350,8 @@ class GUIEnv(NextStateEnv):
 
     def __init__(self, tasks: Any = "builtin", *, desktop: str = "container",
                  screen_size: tuple[int, int] = (1280, 720), observation_type: str = "screenshot_a11y_tree",
-                 settle: float = 0.3, osworld_kwargs: dict[str, Any] | None = None, **kwargs: Any):
+                 settle: float = 0.3, a11y_tree_max_chars: int = 12000,
+                 osworld_kwargs: dict[str, Any] | None = None, **kwargs: Any):
         if desktop not in ("container", "osworld"):
             raise ValueError(f"desktop must be 'container' or 'osworld', got {desktop!r}")
         if observation_type not in ("screenshot_a11y_tree", "screenshot", "a11y_tree"):
@@ -338,6 +359,7 @@ class GUIEnv(NextStateEnv):
         super().__init__(tasks, **kwargs)
         self.desktop_kind, self.size = desktop, (int(screen_size[0]), int(screen_size[1]))
         self.observation_type, self.settle = observation_type, settle
+        self.a11y_tree_max_chars = a11y_tree_max_chars
         self.osworld_kwargs = osworld_kwargs or {}
         self.observation_space = gymnasium.spaces.Dict({
             "screenshot": ImageSpace(*self.size), "accessibility_tree": AnyText(1 << 22),
@@ -345,6 +367,7 @@ class GUIEnv(NextStateEnv):
         self.desktop: ContainerDesktop | OSWorldDesktop | None = None
         self._vm: OSWorldDesktop | None = None
         self._shot: bytes = b""
+        self._shown: tuple[Image.Image | None, bytes] = (None, b"")  # the last screenshot, decoded and as PNG
         self._tree = ""
         self._last_kind: str | None = None
 
@@ -394,8 +417,32 @@ class GUIEnv(NextStateEnv):
             shot = Image.open(io.BytesIO(self._shot)).convert("RGB")
         else:
             shot = Image.new("RGB", self.size)
+        self._shown = (shot, self._shot)
         return {"screenshot": shot, "accessibility_tree": self._tree,
                 "instruction": self.task.instruction if self.task else "", "output": output}
+
+    def present(self, obs: Any) -> Observation:
+        """What the agent and judge are shown: the instruction (first observation only; the
+        chat keeps it), the action's output and the accessibility tree as text; the
+        screenshot as a PNG image (none with ``observation_type="a11y_tree"``)."""
+        if not isinstance(obs, dict):
+            return Observation.of(obs)
+        parts = [f"Task: {obs['instruction']}"] if not obs.get("output") else \
+                [f"Result of the action: {obs['output']}"]
+        tree = obs.get("accessibility_tree") or ""
+        if tree:
+            parts.append("Accessibility tree of the screen:\n" + truncate_tree(tree, self.a11y_tree_max_chars))
+        images = []
+        shot = obs.get("screenshot")
+        if self.observation_type != "a11y_tree" and isinstance(shot, Image.Image):
+            if shot is self._shown[0] and self._shown[1]:
+                images.append(self._shown[1])
+            else:
+                buf = io.BytesIO()
+                shot.save(buf, "PNG")
+                images.append(buf.getvalue())
+        return Observation("\n\n".join(parts), images,
+                           {"output": obs.get("output", ""), "screen_size": list(self.size)})
 
     def _observe_desktop(self) -> None:
         assert self.desktop is not None

@@ -7,9 +7,13 @@
 * :func:`load_tasks` reads OSWorld task JSON (a directory of
   ``examples/<domain>/<id>.json``, a ``test_all.json`` index or one file).
   Each task carries :func:`unsupported` reasons: what the desktop container
-  cannot honour (an application it lacks, a download with no network, root,
-  an unknown setup step, getter or metric). Such a task is *skipped with the
-  reason*, never graded. :func:`support_report` counts them.
+  cannot honour (a Windows task, an application it lacks, a download with no
+  network, root, an unknown setup step, getter or metric). A file that is not
+  a well-formed task (:func:`malformed`: bad JSON, a dict ``config``, a string
+  step, no ``evaluator``...) is loaded as a task skipped with
+  ``"malformed task: <why>"`` and its path, so one bad file never hides the
+  rest of a directory. Such tasks are *skipped with the reason*, never graded.
+  :func:`support_report` counts them.
 * :func:`run_config` performs a task's ``config`` (and an evaluator's
   ``postconfig``) steps.
 
@@ -55,6 +59,12 @@ CONFIG_STEPS = {"launch", "open", "execute", "command", "sleep", "activate_windo
 NETWORK_STEPS = {"download": "needs network (download)", "googledrive": "needs network (Google Drive)",
                  "login": "needs network (login)"}
 LOCAL_HOSTS = {"localhost", "127.0.0.1", ""}
+WINDOWS = "unsupported: Windows task"
+# A drive-letter path (C:\\Users\\...) or a Windows environment variable anywhere in a task.
+_WINDOWS_PATH = re.compile(r"(?i)(?<![\w/])[a-z]:\\|%(?:userprofile|appdata|localappdata|programfiles|"
+                           r"systemroot|windir|homepath)%")
+_WINDOWS_PROGRAMS = {"cmd", "powershell", "pwsh", "explorer", "taskkill", "reg", "msiexec"}
+_INSTALLS = re.compile(r"(?i)\binstall(?:ed|ing|s)?\b")
 
 
 class DesktopError(RuntimeError):
@@ -214,15 +224,25 @@ def load_tasks(source: str | Path) -> list[Task]:
         raise FileNotFoundError(f"no OSWorld tasks at {path}")
     tasks, seen = [], set()
     for domain, file in files:
-        doc = json.loads(file.read_text())
-        if not isinstance(doc, dict) or "instruction" not in doc or "evaluator" not in doc:
-            continue
-        reasons = unsupported(doc)
         tid = file.stem if file.stem not in seen else f"{domain}/{file.stem}"  # OSWorld names tasks by file
         seen.add(tid)
-        tasks.append(Task(id=tid, instruction=doc["instruction"],
-                          category=domain or (doc.get("snapshot") or "osworld"),
-                          data={"osworld": doc, "domain": domain, "path": str(file),
+        try:
+            doc: Any = json.loads(file.read_text())
+        except (OSError, UnicodeDecodeError) as e:
+            doc, problem = None, f"cannot read the file ({type(e).__name__}: {e.strerror or e})"
+        except ValueError as e:
+            doc, problem = None, f"not valid JSON ({e})"
+        else:
+            problem = malformed(doc)
+        if problem:
+            reasons = [f"malformed task: {problem}"]
+        else:
+            reasons = [WINDOWS] if is_windows(doc) else unsupported(doc)
+        ok = problem is None
+        instruction = doc.get("instruction") if isinstance(doc, dict) else None
+        tasks.append(Task(id=tid, instruction=instruction if isinstance(instruction, str) else "",
+                          category=domain or (ok and doc.get("snapshot")) or "osworld",
+                          data={"osworld": doc if ok else {}, "domain": domain, "path": str(file),
                                 "skip": reasons[0] if reasons else None, "reasons": reasons}))
     return tasks
 
@@ -235,6 +255,93 @@ def _is_index(doc: Any) -> bool:
 # ---- what the desktop container can honour ---------------------------------------------
 
 
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
+def _steps_problem(steps: Any, where: str) -> str | None:
+    if steps is None:
+        return None
+    if not isinstance(steps, list):
+        return f"{where} is {_kind(steps)}, not a list of steps"
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict) or not isinstance(step.get("type"), str):
+            return f"{where}[{i}] is {_kind(step)}, not a step object with a \"type\""
+        if not isinstance(step.get("parameters", {}), dict):
+            return f"{where}[{i}].parameters is {_kind(step['parameters'])}, not an object"
+    return None
+
+
+def malformed(doc: Any) -> str | None:
+    """Why ``doc`` is not a well-formed OSWorld task (None when it is): the shape OSWorld's
+    ``DesktopEnv`` reads -- an instruction, ``config`` a list of step objects, an ``evaluator``
+    object whose ``func`` is a metric name (or a list, with ``result``/``expected`` lists of
+    the same length) and whose getters are objects with a ``type``."""
+    if not isinstance(doc, dict):
+        return f"the file holds {_kind(doc)}, not a task object"
+    if not isinstance(doc.get("instruction"), str) or not doc["instruction"].strip():
+        return "no instruction (a non-empty string)"
+    problem = _steps_problem(doc.get("config"), "config")
+    if problem:
+        return problem
+    if "evaluator" not in doc:
+        return "no evaluator"
+    ev = doc["evaluator"]
+    if not isinstance(ev, dict):
+        return f"evaluator is {_kind(ev)}, not an object"
+    func = ev.get("func")
+    funcs = func if isinstance(func, list) else [func]
+    if not funcs or not all(isinstance(f, str) and f for f in funcs):
+        return f"evaluator.func is {_kind(func)}, not a metric name or a list of them"
+    if funcs != ["infeasible"] and ev.get("result") is None:
+        return "evaluator has no result getter"
+    for key in ("result", "expected"):
+        spec = ev.get(key)
+        if spec is None:
+            continue
+        if isinstance(spec, list) != isinstance(func, list):
+            return f"evaluator.{key} is {_kind(spec)}, but func is {_kind(func)}"
+        if isinstance(spec, list) and len(spec) != len(funcs):
+            return f"evaluator.{key} has {len(spec)} entries for {len(funcs)} metrics"
+        for one in spec if isinstance(spec, list) else [spec]:
+            if one is not None and not (isinstance(one, dict) and isinstance(one.get("type"), str)):
+                return f"evaluator.{key} holds {_kind(one)}, not a getter object with a \"type\""
+    options = ev.get("options")
+    if options is not None and not isinstance(options, (dict, list)):
+        return f"evaluator.options is {_kind(options)}, not an object"
+    if ev.get("conj", "and") not in ("and", "or"):
+        return f"evaluator.conj is {ev.get('conj')!r}, not \"and\" or \"or\""
+    return _steps_problem(ev.get("postconfig"), "evaluator.postconfig")
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def is_windows(task: dict[str, Any]) -> bool:
+    """Whether a (well-formed) task is one of OSWorld's Windows examples: its setup or grading
+    uses drive-letter paths or Windows variables, or starts ``cmd``/``powershell``/``*.exe``."""
+    body = {k: task.get(k) for k in ("config", "evaluator")}
+    if any(_WINDOWS_PATH.search(s) for s in _strings(body)):
+        return True
+    ev = task.get("evaluator") or {}
+    specs = [s for key in ("result", "expected") for s in (ev.get(key) if isinstance(ev.get(key), list)
+                                                           else [ev.get(key)]) if isinstance(s, dict)]
+    commands = [(st.get("parameters") or {}).get("command") for st in
+                list(task.get("config") or []) + list(ev.get("postconfig") or [])] + \
+               [s.get("command") for s in specs]
+    return any(name.lower().removesuffix(".exe") in _WINDOWS_PROGRAMS or name.lower().endswith(".exe")
+               for c in commands if c for name in program_names(c))
+
+
 def unsupported(task: dict[str, Any]) -> list[str]:
     """Why this desktop cannot run an OSWorld task (empty: it can). The first reason is the main one."""
     from envs.osworld_eval import GETTERS, METRICS, NETWORK_GETTERS
@@ -245,6 +352,8 @@ def unsupported(task: dict[str, Any]) -> list[str]:
         if app in MISSING_APPS:
             add(f"needs app: {'vs_code' if app == 'vscode' else app}")
     ev = task.get("evaluator") or {}
+    if ev.get("func") != "infeasible" and _INSTALLS.search(task.get("instruction") or ""):
+        add("needs root and network (installs software)")  # no apt, no sudo, no network here
     for step in list(task.get("config") or []) + list(ev.get("postconfig") or []):
         for r in _step_problems(step):
             add(r)
@@ -329,7 +438,7 @@ def support_report(tasks: Iterable[Task]) -> dict[str, Any]:
         d["skipped" if reason else "runnable"] += 1
         if reason:
             by_reason[reason] += 1
-            skipped.append({"id": t.id, "domain": t.category, "reason": reason})
+            skipped.append({"id": t.id, "domain": t.category, "reason": reason, "path": t.data.get("path")})
     return {"total": len(tasks), "runnable": sum(d["runnable"] for d in domains.values()),
             "skipped": len(skipped), "by_reason": dict(by_reason.most_common()),
             "by_domain": dict(sorted(domains.items())), "skipped_tasks": skipped,
@@ -442,6 +551,11 @@ def main(argv: list[str] | None = None) -> int:
     print("skipped by reason:")
     for reason, n in report["by_reason"].items():
         print(f"  {n:4d}  {reason}")
+    bad = [s for s in report["skipped_tasks"] if s["reason"].startswith("malformed task")]
+    if bad:
+        print("malformed task files (loaded as skipped):")
+        for s in bad:
+            print(f"  {s['path']}: {s['reason'].removeprefix('malformed task: ')}")
     return 0
 
 

@@ -31,6 +31,7 @@ import yaml
 
 from agents.chat import clip, multimodal
 from agents.policy import Policy, content_text, make_policy
+from envs.base import Observation
 
 log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -44,14 +45,24 @@ DEFAULT_LIMITS = {"keep_first": 1, "keep_last": 6, "step_output_chars": 600,
 class JudgeRequest:
     """One step to judge. ``history``: earlier steps as ``{"action", "next_state"}`` dicts;
     ``action``: the parsed call (``{"name", "arguments"}``) or the raw text when it did not parse;
-    ``images``: screenshots before and after (bytes, base64 or data URLs)."""
+    ``before``/``after``: the observations before and after the step (what ``env.present``
+    returned); their images -- the screen before and after -- are attached, labelled."""
 
     family: str
     instruction: str
     history: list[dict]
     action: dict | str | None
     next_state: dict
-    images: list[Any] | None = None
+    before: Observation | None = None
+    after: Observation | None = None
+
+    def screens(self) -> list[tuple[str, list[bytes]]]:
+        """``(label, images)`` for the screens before and after the step, where there are any."""
+        out = []
+        for label, obs in (("before", self.before), ("after", self.after)):
+            if obs is not None and obs.images:
+                out.append((f"Screen {label} the action:", obs.images))
+        return out
 
 
 @dataclass
@@ -173,8 +184,13 @@ def render_prompt(template: Mapping[str, Any], req: JudgeRequest, hints: bool) -
         user = user.replace("{" + key + "}", value)
     if hints and template.get("hint"):
         user = user.rstrip() + "\n\n" + template["hint"]
+    content: str | list[dict] = user
+    screens = req.screens()
+    if screens:  # each screen after its label: "Screen before the action:" <image> ...
+        content = [{"type": "text", "text": user}] + [part for label, images in screens
+                                                      for part in multimodal(label, images)]
     return [{"role": "system", "content": template.get("system", "").strip()},
-            {"role": "user", "content": multimodal(user, req.images)}]
+            {"role": "user", "content": content}]
 
 
 class StepJudge:

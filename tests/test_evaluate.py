@@ -52,6 +52,16 @@ def test_toolcall_gold_and_noop(tmp_path):
     assert not (tmp_path / "gold" / "predictions.jsonl").exists()
 
 
+def test_a_model_policy_run_writes_rollouts_as_training_does(tmp_path):
+    from agents.testing import ScriptedPolicy
+    policy = ScriptedPolicy(['<tool_call>{"name": "answer", "arguments": {"answer": "7"}}</tool_call>'])
+    evaluate("toolcall", "builtin", policy, parallel=1, output=tmp_path, ids=["nextstate-aime-1"])
+    rows = read_jsonl(tmp_path / "rollouts.jsonl")
+    assert [r["kind"] for r in rows] == ["step", "trajectory"]
+    assert rows[0]["task_id"] == "nextstate-aime-1" and rows[0]["messages"][1]["role"] == "user"
+    assert rows[0]["action"]["name"] == "answer" and rows[1]["steps"] == 1
+
+
 @pytest.mark.docker
 def test_swe_gold_resolves_every_instance_and_noop_none(swe_image, tmp_path, capsys):
     out = tmp_path / "gold"

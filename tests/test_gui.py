@@ -15,7 +15,8 @@ from envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
 from envs.osworld import TaskUnsupported, load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
-OSWORLD = REPO.parent / "shared" / "data" / "osworld"
+OSWORLD = REPO.parent / "shared" / "data" / "osworld"  # optional extra coverage
+FIXTURES = REPO / "tests" / "fixtures" / "osworld"  # the project's own OSWorld-format tasks
 DESKTOP_IMAGE = "nextstate/desktop:latest"
 
 
@@ -89,7 +90,7 @@ def pool(docker_client):
 
 @pytest.fixture(scope="module")
 def env(pool):
-    tasks = builtin_tasks()
+    tasks = builtin_tasks() + load_tasks(FIXTURES / "examples" / "chrome") + load_tasks(FIXTURES / "examples" / "os")
     if (OSWORLD / "examples").is_dir():
         tasks += load_tasks(OSWORLD / "examples" / "chrome")
     e = GUIEnv(tasks, pool=pool, settle=0.2)
@@ -153,10 +154,9 @@ def test_scripted_solution_passes_and_nothing_fails(env, task_id):
 @pytest.mark.docker
 @pytest.mark.browser
 def test_osworld_chrome_task_graded_over_cdp(env):
-    """OSWorld's "open the password manager" task: the active tab's URL is read over CDP."""
-    task_id = "12086550-11c0-466b-b367-1d9e75b3910e"
-    if task_id not in env._by_id:
-        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
+    """An "open the password manager" task (as OSWorld's 12086550): the active tab's URL is read
+    over CDP and shown as the address bar shows it."""
+    task_id = "password-manager"
     assert env.skip_reason(env._by_id[task_id]) is None
     env.reset(options={"task": task_id})
     assert env.step("DONE")[1] == 0.0  # doing nothing leaves the new-tab page
@@ -205,21 +205,39 @@ def test_osworld_config_steps_tabs_and_files(env, tmp_path):
 @pytest.mark.docker
 @pytest.mark.browser
 def test_skipped_and_infeasible_osworld_tasks(env):
-    if not (OSWORLD / "examples").is_dir():
-        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
-    skipped = next(t for t in env.tasks if env.skip_reason(t))
-    with pytest.raises(TaskUnsupported):
-        env.reset(options={"task": skipped})
-    infeasible = next(t for t in env.tasks if t.data.get("osworld", {}).get("evaluator", {}).get("func")
-                      == "infeasible" and not env.skip_reason(t))
-    env.reset(options={"task": infeasible})
+    with pytest.raises(TaskUnsupported, match="installs software"):
+        env.reset(options={"task": "install-player"})
+    env.reset(options={"task": "bluetooth-infeasible"})
     assert play(env, env.oracle_actions(env.task, "gold"))[0] == 1.0  # the oracle says FAIL
-    env.reset(options={"task": infeasible})
+    env.reset(options={"task": "bluetooth-infeasible"})
     assert env.step("DONE")[1] == 0.0
-    feasible = env._by_id["030eeff7-b492-4218-b312-701ec99ee0cc"]
-    env.reset(options={"task": feasible})
+    env.reset(options={"task": "do-not-track"})
     with pytest.raises(NoSolution):
         next(env.solve())
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_default_font_size_is_not_the_largest(env):
+    """The af630914 false positive: Chromium's default 16 must not pass min 16 < size."""
+    env.reset(options={"task": "font-size-largest"})
+    _, reward, done, _, info = env.step("DONE")
+    assert done and reward == 0.0
+    assert info["outcome"]["metrics"][0]["result"]["default_font_size"] == 16
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_os_desktop_has_a_panel_and_a_terminal_on_ctrl_alt_t(env):
+    obs, _ = env.reset(options={"task": "make-dir"})
+    assert "tint2" in obs["accessibility_tree"]  # the panel (launchers, windows, clock) is on screen
+    assert obs["screenshot"].getpixel((32, 700)) != obs["screenshot"].getpixel((640, 700))  # panel vs background
+    env.step({"action_type": "HOTKEY", "keys": ["ctrl", "alt", "t"]})
+    obs, *_ = env.step({"action_type": "WAIT", "seconds": 2})
+    assert "\tTerminal\t" in obs["accessibility_tree"]
+    env.step({"action_type": "TYPING", "text": "mkdir ~/reports\n"})
+    _, reward, done, _, info = env.step("DONE")
+    assert done and reward == 1.0, info["outcome"]
 
 
 @pytest.mark.docker
@@ -244,18 +262,12 @@ def test_pyautogui_shim_covers_osworld_calls(env):
 @pytest.mark.docker
 @pytest.mark.browser
 def test_evaluate_reports_osworld_domains_and_skips(docker_client, tmp_path):
-    if not (OSWORLD / "examples").is_dir():
-        pytest.skip(f"OSWorld examples not found at {OSWORLD}")
     from train.evaluate import evaluate
-    probe = GUIEnv(f"osworld:{OSWORLD / 'examples' / 'chrome'}")
-    skipped = next(t for t in probe.tasks if probe.skip_reason(t))
-    infeasible = next(t for t in probe.tasks if not probe.skip_reason(t)
-                      and t.data["osworld"]["evaluator"]["func"] == "infeasible")
-    probe.close()
-    report = evaluate("gui", f"osworld:{OSWORLD / 'examples' / 'chrome'}", "gold", parallel=1,
-                      output=tmp_path, ids=[skipped.id, infeasible.id])
-    assert (report["total"], report["succeeded"], report["skipped"]) == (1, 1, 1)
-    assert report["skipped_reasons"] == {skipped.id: probe.skip_reason(skipped)}
-    assert report["by_category"]["chrome"]["success_rate"] == 1.0
+    ids = ["win-cmd", "bluetooth-infeasible", "dict-func"]
+    report = evaluate("gui", f"osworld:{FIXTURES}", "gold", parallel=1, output=tmp_path, ids=ids)
+    assert (report["total"], report["succeeded"], report["skipped"]) == (1, 1, 2)
+    assert report["skipped_reasons"]["win-cmd"] == "unsupported: Windows task"
+    assert report["by_category"]["os"]["success_rate"] == 1.0
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert {r["task_id"]: r["status"] for r in rows} == {skipped.id: "skipped", infeasible.id: "finished"}
+    assert {r["task_id"]: r["status"] for r in rows} == {"win-cmd": "skipped", "bluetooth-infeasible": "finished",
+                                                        "dict-func": "skipped"}

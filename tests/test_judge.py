@@ -10,6 +10,7 @@ import pytest
 
 from agents.openai_policy import OpenAIPolicy
 from agents.policy import Generation, Policy
+from envs.base import Observation
 from agents.testing import Reply, ScriptedOpenAIServer
 from judges.prm import (JudgeRequest, StepJudge, compress_history, load_template, majority,
                         parse_hint, parse_vote, render_prompt, tally)
@@ -97,13 +98,15 @@ def test_terminal_rules_follow_the_paper():
 
 
 def test_gui_images_become_data_urls_and_invalid_actions_are_explained():
-    req = request("gui", images=[b"before-png", "data:image/png;base64,QUJD"],
+    req = request("gui", before=Observation("", [b"before-png"]), after=Observation("", [b"ABC"]),
                   action="click somewhere",
                   next_state={"valid": False, "error": "No tool call found", "output": ""})
     content = render_prompt(load_template("gui"), req, hints=False)[1]["content"]
     assert content[0]["type"] == "text" and "rejected: No tool call found" in content[0]["text"]
-    assert content[1]["image_url"]["url"].startswith("data:image/png;base64,")
-    assert content[2]["image_url"]["url"] == "data:image/png;base64,QUJD"
+    assert content[1] == {"type": "text", "text": "Screen before the action:"}
+    assert content[2]["image_url"]["url"].startswith("data:image/png;base64,")
+    assert content[3] == {"type": "text", "text": "Screen after the action:"}
+    assert content[4]["image_url"]["url"] == "data:image/png;base64,QUJD"
 
 
 def test_template_overrides_by_dict_and_path(tmp_path):

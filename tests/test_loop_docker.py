@@ -50,7 +50,7 @@ async def test_eight_parallel_terminal_episodes(terminal_image, tasks):
         assert t.status == "finished", t.error
         assert len(t.steps) == 2 and t.family == "terminal"
         first = t.steps[0]
-        assert first.next_state["exit_code"] == 0 and "hello" in first.observation
+        assert first.next_state["exit_code"] == 0 and "hello" in first.observation.text
         for s in t.steps:
             assert s.prompt_ids and s.response_ids and len(s.logprobs) == len(s.response_ids)
             assert s.votes == [1, -1, 1] and s.score == 1.0 and s.vote_mean == pytest.approx(1 / 3)

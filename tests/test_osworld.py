@@ -1,4 +1,4 @@
-"""OSWorld task loading, the support report, and the evaluator's metrics (no Docker needed)."""
+"""OSWorld task loading and the support report (no Docker needed); metrics are in test_osworld_metrics.py."""
 
 from __future__ import annotations
 
@@ -82,41 +82,68 @@ def test_command_parsing_helpers():
     assert osworld._adapt(["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"])[1] == "tcp-listen:9222,reuseaddr,fork"
 
 
-def test_metrics(tmp_path):
-    m = osworld_eval.METRICS
-    assert m["exact_match"]("true", {"expected": "true"}) == 1 and m["exact_match"]("false", {"expected": "true"}) == 0
-    assert m["match_in_list"]("Bing", {"expected": ["Microsoft Bing", "Bing"]}) == 1
-    assert m["check_include_exclude"]("all good", {"include": ["good"], "exclude": ["error"]}) == 1
-    assert m["check_include_exclude"]("good error", {"include": ["good"], "exclude": ["error"]}) == 0
-    assert m["is_expected_url_pattern_match"]({"url": "https://a.org/forms?x=1"}, {"expected": [r"forms\?x=1"]}) == 1
-    assert m["is_expected_url_pattern_match"]("https://a.org/", {"expected": ["forms"]}) == 0
-    tabs = [{"url": "https://www.a.com/", "title": "A"}, {"url": "https://b.com", "title": "B"}]
-    assert m["is_expected_tabs"](tabs, {"type": "url", "urls": ["https://a.com", "https://www.b.com/"]}) == 1
-    assert m["is_expected_tabs"](tabs[:1], {"type": "url", "urls": ["https://a.com", "https://b.com"]}) == 0
-    assert m["is_expected_active_tab_approximate"]("chrome://password-manager/passwords",
-                                                   {"type": "url", "url": "chrome://password-manager/passwords"}) == 1
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text("Hello  World\n")
-    b.write_text("hello world")
-    assert m["compare_text_file"](str(a), str(b)) == 0
-    assert m["compare_text_file"](str(a), str(b), ignore_blanks=True, ignore_case=True) == 1
-    j = tmp_path / "s.json"
-    j.write_text(json.dumps({"editor": {"fontSize": 14}, "theme": "dark"}))
-    assert m["check_json"](str(j), {"expect": [{"key": ["editor", "fontSize"], "method": "eq", "ref": 14},
-                                              {"key": "theme", "method": "ne", "ref": "light"}]}) == 1
-    assert m["check_json"](str(j), {"expect": [{"key": ["editor", "tabSize"], "method": "eq", "ref": 4}]}) == 0
-    assert m["check_font_size"]({"default_font_size": 20}, {"type": "range", "min": 16, "max": 99999}) == 1
-    bookmarks = {"bookmark_bar": {"children": [{"type": "folder", "name": "Favorites"}]}}
-    assert m["is_expected_bookmarks"](bookmarks, {"type": "bookmark_bar_folders_names", "names": ["Favorites"]}) == 1
-    assert m["check_direct_json_object"]({"q": " Coffee "}, {"expected": {"q": "coffee"}}) == 1
-    assert set(m) >= {"exact_match", "check_include_exclude", "is_expected_url_pattern_match",
-                      "compare_text_file", "check_json", "infeasible"}
+# ---- the project's own OSWorld-format fixtures (tests/fixtures/osworld; no ../shared needed) ----
+
+FIXTURES = REPO / "tests" / "fixtures" / "osworld"
 
 
-def test_infeasible_is_graded_on_the_last_action():
-    task = {"evaluator": {"func": "infeasible"}}
-    assert osworld_eval.evaluate(task, None, (1280, 720), "FAIL")[0] == 1.0  # type: ignore[arg-type]
-    assert osworld_eval.evaluate(task, None, (1280, 720), "DONE")[0] == 0.0  # type: ignore[arg-type]
-    feasible = {"evaluator": {"func": "exact_match", "result": {"type": "rule", "rules": 1},
-                              "expected": {"type": "rule", "rules": {"expected": 1}}}}
-    assert osworld_eval.evaluate(feasible, None, (1280, 720), "FAIL")[0] == 0.0  # type: ignore[arg-type]
+def test_fixture_directory_loads_whole_with_every_problem_reported():
+    tasks = {t.id: t for t in load_tasks(FIXTURES)}
+    files = sorted((FIXTURES / "examples").glob("*/*.json"))
+    assert len(tasks) == len(files) == 17  # malformed files are loaded as skipped, never dropped
+    skip = {tid: t.data["skip"] for tid, t in tasks.items()}
+    assert {tid for tid, r in skip.items() if r is None} == {"font-size-largest", "do-not-track", "make-dir",
+                                                             "bluetooth-infeasible", "password-manager"}
+    assert skip["win-cmd"] == skip["win-path"] == "unsupported: Windows task"
+    assert skip["install-player"] == "needs root and network (installs software)"
+    assert skip["needs-gimp"] == "needs app: gimp"
+    expected = {"dict-config": "config is an object, not a list of steps",
+                "string-step": "config[0] is a string",
+                "string-result": "evaluator.result holds a string",
+                "list-evaluator": "evaluator is a list, not an object",
+                "dict-func": "evaluator.func is an object",
+                "no-evaluator": "no evaluator",
+                "not-json": "not valid JSON",
+                "list-file": "the file holds a list"}
+    for tid, why in expected.items():
+        assert skip[tid].startswith("malformed task: ") and why in skip[tid], (tid, skip[tid])
+        assert tasks[tid].data["path"].endswith(f"broken/{tid}.json")
+    report = support_report(tasks.values())
+    assert report["by_domain"]["broken"] == {"total": 8, "runnable": 0, "skipped": 8}
+    assert all(s["path"] for s in report["skipped_tasks"])
+
+
+def test_report_command_names_the_malformed_files(capsys):
+    assert osworld.main(["report", str(FIXTURES)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("17 tasks: 5 runnable, 12 skipped")
+    assert "broken/dict-func.json: evaluator.func is an object" in out
+    assert "2  unsupported: Windows task" in out
+
+
+def test_windows_detection():
+    cmd = {"instruction": "x", "config": [{"type": "execute", "parameters": {"command": "cmd /c dir"}}],
+           "evaluator": {"func": "infeasible"}}
+    assert osworld.is_windows(cmd)
+    path = {"instruction": "x", "evaluator": {"func": "exact_match", "result": {
+        "type": "vm_file", "path": "%USERPROFILE%\\Desktop\\a.txt", "dest": "a.txt"}}}
+    assert osworld.is_windows(path)
+    linux = {"instruction": "x", "config": [{"type": "execute", "parameters": {
+        "command": "printf 'a:b\\\\c' > /tmp/x; python3 -c 'print(1)'", "shell": True}}],
+             "evaluator": {"func": "infeasible"}}
+    assert not osworld.is_windows(linux)
+
+
+def test_evaluate_reports_malformed_and_windows_tasks_as_skipped_by_id(tmp_path):
+    from train.evaluate import evaluate
+    ids = ["no-evaluator", "win-cmd", "dict-func"]
+    report = evaluate("gui", f"osworld:{FIXTURES}", "noop", output=tmp_path, ids=ids)
+    assert report["total"] == 0 and report["skipped"] == 3
+    assert report["skipped_reasons"]["no-evaluator"] == "malformed task: no evaluator"
+    assert report["skipped_reasons"]["win-cmd"] == "unsupported: Windows task"
+
+
+@needs_data
+def test_spotify_needs_root_and_network():
+    by_id = {t.id: t for t in load_tasks(OSWORLD / "examples" / "os")}
+    assert by_id["94d95f96-9699-4208-98ba-3c3119edf9c2"].data["skip"] == "needs root and network (installs software)"

@@ -9,6 +9,7 @@ import pytest
 from agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, system_prompt
 from agents.hf_policy import HFPolicy
 from agents.policy import Generation, Policy
+from envs.base import Observation
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run",
                                            "parameters": {"type": "object", "properties": {}}}}]
@@ -31,10 +32,30 @@ def test_system_prompt_family_role_and_tools():
 
 def test_observation_with_images_becomes_parts():
     png = b"\x89PNG fake"
-    content = observation_content({"text": "screen", "image": png}, 100)
+    content = observation_content(Observation("screen", [png]), 100)
     assert content[0] == {"type": "text", "text": "screen"}
     assert content[1]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(png).decode()
     assert observation_content("plain", 100) == "plain"
+    assert observation_content(Observation("two", [png, png]), 100, max_images=1)[0]["text"] == \
+        "two\n[1 image omitted]"
+
+
+def test_an_observation_the_contract_does_not_know_is_refused():
+    """The GUI env was once blind: its dict fell through to ''. Now that is an error."""
+    with pytest.raises(TypeError, match="present"):
+        observation_content({"screenshot": b"png", "accessibility_tree": "tree"}, 100)
+
+
+def test_history_keeps_only_the_latest_images():
+    policy = CharPolicy()
+    shots = [bytes([0x89]) + f"PNG{i}".encode() for i in range(5)]
+    turns = [Turn("act", Observation(f"obs {i}", [shots[i]])) for i in range(1, 5)]
+    messages = build_messages("sys", Observation("task", [shots[0]]), turns, policy=policy, tools=None,
+                              config=ChatConfig(max_images=2))
+    urls = [p["image_url"]["url"] for m in messages if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] == "image_url"]
+    assert urls == ["data:image/png;base64," + base64.b64encode(s).decode() for s in shots[3:]]
+    assert "[1 image omitted]" in messages[1]["content"]  # the task's screenshot is the oldest
 
 
 def test_clip_keeps_head_and_tail():

@@ -72,3 +72,29 @@ def test_lines_appear_while_running(tmp_path):
         time.sleep(0.02)
     assert json.loads(path.read_text())["i"] == 0
     rec.close()
+
+
+def test_images_become_png_files_beside_the_log(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from envs.base import Observation
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 4), "red").save(buf, "PNG")
+    png = buf.getvalue()
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    with Recorder(tmp_path / "rollouts.jsonl") as rec:
+        rec.record("step", {"observation": Observation("screen", [png]),
+                            "messages": [{"role": "tool", "content": [{"type": "image_url",
+                                                                       "image_url": {"url": url}}]}],
+                            "next_state": {"screenshot_after": png, "blob": b"\x00\x01"}})
+    text = (tmp_path / "rollouts.jsonl").read_text()
+    assert "base64" not in text
+    row = json.loads(text)
+    ref = row["observation"]["images"][0]
+    assert ref.startswith("images/") and (tmp_path / ref).read_bytes() == png
+    assert row["messages"][0]["content"][0]["image_url"]["url"] == ref  # one file per distinct image
+    assert row["next_state"]["screenshot_after"] == ref and row["next_state"]["blob"] == "<2 bytes>"
+    assert row["observation"]["text"] == "screen" and len(list((tmp_path / "images").iterdir())) == 1

@@ -42,6 +42,7 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     assert {"step", "judge", "trajectory"} <= kinds
     assert sum(r["kind"] == "trajectory" for r in logged) == 8  # 2 steps x 4 episodes
     assert all("next_state" in r and "messages" in r for r in logged if r["kind"] == "step")
+    _viewer_reads(out, logged)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     ckpt = out / "checkpoints" / "step_000002"
     assert (ckpt / "model" / "model.safetensors").is_file() and (ckpt / "state.pt").is_file()
@@ -57,3 +58,19 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     assert [r["step"] for r in rows] == [1, 2, 3] and all(_finite(r) for r in rows)
     assert json.loads((out / "checkpoints" / "step_000003" / "meta.json").read_text())["step"] == 3
     assert not half.exists()
+
+
+def _viewer_reads(out: Path, logged: list[dict]) -> None:
+    """advantages.jsonl names trained steps of rollouts.jsonl; train.view joins the two."""
+    from train.view import RunIndex
+
+    advantages = [json.loads(x) for x in (out / "advantages.jsonl").read_text().splitlines()]
+    steps = {(r["group_id"], r["sample"], r["step"]) for r in logged if r["kind"] == "step"}
+    assert advantages and all((a["group_id"], a["sample"], a["step"]) in steps for a in advantages)
+    assert {a["train_step"] for a in advantages} == {1, 2}
+    index = RunIndex(out)
+    index.refresh()
+    over = index.overview()
+    assert len(over["episodes"]) == 8 and over["config"]["rollout"]["samples_per_task"] == 2
+    shown = [s for e in over["episodes"] for s in index.episode(e["id"])["steps_detail"] if s["advantage"] is not None]
+    assert sorted(s["advantage"] for s in shown) == sorted(a["advantage"] for a in advantages)

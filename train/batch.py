@@ -5,7 +5,9 @@ response the tokens it sampled there, and its old log-probs the ones recorded
 at rollout (pi_old). Aborted episodes, steps of other roles and steps whose
 token ids the backend did not report are left out (and counted). The
 advantage of a step comes from :mod:`train.advantage` and is spread over
-every token of its response.
+every token of its response. ``Batch.step_log`` keeps, per trainable step,
+the ``R_t`` and advantage it was trained with (the trainer writes them to
+``advantages.jsonl``, where ``python -m train.view`` reads them).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Batch:
 
     samples: list[Sample]
     metrics: dict[str, float] = field(default_factory=dict)
+    step_log: list[dict] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -52,8 +55,10 @@ def trainable(step: Step, role: str) -> bool:
             and len(step.logprobs) == len(step.response_ids))
 
 
-def step_table(trajectories: Sequence[Trajectory], role: str) -> tuple[StepRows, list[Step]]:
-    """Rows for the advantage code and the matching steps (trainable steps of ``role`` only)."""
+def step_table(trajectories: Sequence[Trajectory], role: str
+               ) -> tuple[StepRows, list[tuple[Trajectory, Step]]]:
+    """Rows for the advantage code and the matching (trajectory, step) pairs (trainable steps
+    of ``role`` only)."""
     group, index, outcome, votes, state, steps = [], [], [], [], [], []
     for traj in trajectories:
         if traj.status == "aborted":
@@ -66,7 +71,7 @@ def step_table(trajectories: Sequence[Trajectory], role: str) -> tuple[StepRows,
                 outcome.append(o)
                 votes.append(np.nan if step.vote_mean is None else step.vote_mean)
                 state.append(before)
-                steps.append(step)
+                steps.append((traj, step))
     rows = StepRows(group=np.array(group, dtype=object).astype(str), step=np.array(index, dtype=np.int64),
                     outcome=np.array(outcome), vote_mean=np.array(votes, dtype=np.float64),
                     state=np.array(state, dtype=np.int64))
@@ -79,7 +84,10 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
     rows, steps = step_table(trajectories, role)
     result = compute_advantages(rows, adv.key, c=weight, eps=adv.eps, drop_constant=adv.drop_constant)
     samples = [Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs), float(a), float(r))
-               for s, a, r, k in zip(steps, result.advantages, result.rewards, result.keep) if k]
+               for (_, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep) if k]
+    step_log = [{"group_id": t.group_id, "task_id": t.task_id, "sample": t.sample, "step": s.index,
+                 "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k)}
+                for (t, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep)]
     kept = result.advantages[result.keep] if len(rows) else np.zeros(0)
     metrics = rollout_metrics(trajectories)
     metrics.update({
@@ -92,7 +100,7 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
         "advantage/mean": float(kept.mean()) if len(kept) else 0.0,
         "advantage/std": float(kept.std()) if len(kept) else 0.0,
     })
-    return Batch(samples, metrics)
+    return Batch(samples, metrics, step_log)
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

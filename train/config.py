@@ -54,6 +54,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_response_tokens: int = 8192
     max_context_tokens: int = 16384
+    max_images: int = 3               # screenshots kept in the prompt's history (OSWorld agents keep 3)
 
 
 @dataclass

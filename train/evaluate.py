@@ -16,7 +16,9 @@ Writes to ``--output``: ``results.jsonl`` (one line per task: success, reward,
 status, steps, tokens, time, failure reason), ``report.json`` (success rate,
 mean outcome, per-category breakdown) and, for SWE, ``predictions.jsonl`` in
 SWE-bench's format (``instance_id``, ``model_name_or_path``, ``model_patch``),
-which swebench's harness reads. Prints one summary line.
+which swebench's harness reads; for a model policy, ``rollouts.jsonl`` (every step's prompt,
+action and next state, as training writes it; images as PNG files in ``images/``).
+Prints one summary line.
 """
 
 from __future__ import annotations
@@ -96,11 +98,19 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
 
 
 def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], policy: Any,
-               parallel: int) -> list[dict[str, Any]]:
-    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`agents.loop`."""
+               parallel: int, rollouts: Path | None = None) -> list[dict[str, Any]]:
+    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`agents.loop`;
+    with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
     from agents.loop import collect
+    from agents.recorder import Recorder
 
-    trajectories = asyncio.run(collect(env_factory, policy, tasks, parallel=parallel))
+    recorder = Recorder(rollouts) if rollouts else None
+    try:
+        trajectories = asyncio.run(collect(env_factory, policy, tasks, parallel=parallel,
+                                           recorder=recorder))
+    finally:
+        if recorder:
+            recorder.close()
     by_id = {t.id: t for t in tasks}
     rows = []
     for traj in trajectories:
@@ -176,7 +186,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
             if isinstance(policy, str):
                 from agents.policy import make_policy
                 policy = make_policy(policy, **({"model": model} if model else {}))
-            rows = run_policy(factory, loaded, policy, parallel)
+            rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl")
     finally:
         if pool is not None:
             pool.close()

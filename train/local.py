@@ -14,6 +14,7 @@ are the ones recorded at rollout). ``max_staleness=0`` runs strictly in turn.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -125,8 +126,11 @@ class LocalTrainer:
             self.start = int(meta["step"])
             log.info("resuming from %s (step %d)", ckpt, self.start)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
+        (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
+        # R_t and the advantage each trained step got, keyed by (group_id, sample, step)
+        self.advantages = Recorder(output / "advantages.jsonl")
         self.judge = make_judge(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
 
@@ -135,7 +139,8 @@ class LocalTrainer:
         """The episodes of 0-based ``step``: its tasks, ``samples_per_task`` times each."""
         r = self.cfg.rollout
         chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
-        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
+        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
+                          max_images=r.max_images)
         return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
                              router=single_role(self.cfg.train.role), chat=chat, recorder=self.recorder,
@@ -146,6 +151,8 @@ class LocalTrainer:
         """Advantages, one update, weights to the serving model (learner thread)."""
         batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
                             role=self.cfg.train.role)
+        for row in batch.step_log:
+            self.advantages.record("advantage", {"train_step": step + 1, **row})
         metrics = dict(batch.metrics)
         metrics.update(self.learner.step(batch, progress=self.progress))
         self.learner.publish()
@@ -194,5 +201,6 @@ class LocalTrainer:
         """Release sandboxes, threads and log files."""
         self.metrics.close()
         self.recorder.close()
+        self.advantages.close()
         self.pool.close()
         asyncio.run(self.policy.aclose())

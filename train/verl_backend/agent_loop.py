@@ -200,7 +200,8 @@ class NextStateAgentLoop(AgentLoopBase):
         judge = res.url_judge or make_judge(cfg, ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
                                                               self.apply_chat_template_kwargs))
         chat = ChatConfig(context_tokens=self.rollout_config.prompt_length + self.rollout_config.response_length,
-                          max_response_tokens=self.rollout_config.response_length)
+                          max_response_tokens=self.rollout_config.response_length,
+                          max_images=cfg.rollout.max_images)
         env = await res.acquire()
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),

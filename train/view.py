@@ -1,0 +1,507 @@
+"""``python -m train.view RUN_DIR``: a page on 127.0.0.1 to read a run step by step.
+
+    python -m train.view runs/terminal                    # serves http://127.0.0.1:8765
+    python -m train.view runs/eval --port 9000
+    python -m train.view runs/terminal --export run.html  # one self-contained page to share
+
+Works on the output folder of ``python -m train`` (``rollouts.jsonl``,
+``advantages.jsonl``, ``metrics.jsonl``, ``config.json``) and of
+``python -m train.evaluate`` (``results.jsonl``, ``report.json``, and
+``rollouts.jsonl`` when it wrote one). The page shows the run's curves, config
+and counts; a filterable episode list; each episode step by step (the
+messages the policy saw, action, next state, the judge's prompt, answers and
+votes, ``R_t`` and the advantage the step was trained with, screenshots
+before and after); and the group view, the n samples of one task aligned by
+step index. It follows a run in progress (the page polls; the server reads
+only the bytes appended since the last poll).
+
+The index keeps byte offsets, not records: the list needs only the head of
+each ``step`` / ``judge`` line (everything before its large fields), and an
+episode's lines are read and parsed when it is opened. Screenshots are PNG
+files beside ``rollouts.jsonl`` referenced by relative path, or, in older
+runs, inline base64 / data URIs; both are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import math
+import mimetypes
+import re
+import sys
+import threading
+import webbrowser
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlparse
+
+PAGE = Path(__file__).with_name("view.html")
+ROLLOUTS, ADVANTAGES, METRICS = "rollouts.jsonl", "advantages.jsonl", "metrics.jsonl"
+RESULTS, REPORT, CONFIG = "results.jsonl", "report.json", "config.json"
+# a line's head ends where its first large field starts (json.dumps keeps key order)
+_CUT = {b"step": b', "messages": ', b"judge": b', "votes": '}
+_KIND = re.compile(rb'^\{"kind": "(\w+)"')
+_TRAIN_STEP = re.compile(r"@s(\d+)$")          # group ids of `python -m train` end in @s<step>
+_IMAGE_FILE = re.compile(r"^[\w./-]+\.(png|jpe?g|webp|gif)$", re.IGNORECASE)
+_B64_MAGIC = {"iVBORw0KGgo": "image/png", "/9j/": "image/jpeg"}
+_DECODER = json.JSONDecoder()
+
+
+@dataclass
+class Episode:
+    """One episode of the index: where its lines are, and what the list shows."""
+
+    id: int
+    group_id: str
+    task_id: str
+    sample: int
+    train_step: int | None = None
+    status: str = "running"
+    outcome: float | None = None
+    error: str | None = None
+    category: str | None = None
+    success: bool | None = None
+    roles: set[str] = field(default_factory=set)
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)   # step -> (offset, length)
+    judges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    length: int = 0
+
+    def summary(self, adv: dict[tuple, dict]) -> dict[str, Any]:
+        rewards = [adv[k]["reward"] for i in range(self.length)
+                   if (k := (self.group_id, self.sample, i)) in adv]
+        ok = self.success if self.success is not None else (
+            None if self.outcome is None else self.outcome > 0)
+        return {"id": self.id, "group_id": self.group_id, "task_id": self.task_id, "sample": self.sample,
+                "train_step": self.train_step, "status": self.status, "outcome": self.outcome,
+                "success": ok, "error": self.error, "category": self.category,
+                "steps": self.length, "roles": sorted(self.roles), "has_steps": bool(self.steps),
+                "mean_reward": sum(rewards) / len(rewards) if rewards else None}
+
+
+def _head(data: bytes, begin: int, end: int, kind: bytes | None) -> Any:
+    """The small fields of the record ``data[begin:end]``, without parsing (or copying) its
+    large ones when the layout allows."""
+    cut = _CUT.get(kind) if kind else None
+    i = data.find(cut, begin, end) if cut else -1
+    if i > 0:
+        try:
+            return _loads(data[begin:i] + b"}")
+        except ValueError:
+            pass
+    return _loads(data[begin:end])
+
+
+def _loads(line: bytes) -> Any:
+    return _DECODER.decode(line.decode())
+
+
+def image_ref(value: str, run: Path) -> str | None:
+    """``value`` as an image: a file under ``run``, a data URI, or bare base64 (older runs)."""
+    if value.startswith("data:image/"):
+        return value
+    if len(value) > 64:
+        for magic, mime in _B64_MAGIC.items():
+            if value.startswith(magic):
+                return f"data:{mime};base64,{value}"
+        return None
+    if _IMAGE_FILE.match(value):
+        path = (run / value).resolve()
+        if path.is_relative_to(run.resolve()) and path.is_file():
+            return value
+    return None
+
+
+def mark_images(obj: Any, run: Path, link: Callable[[str], str], found: list[str] | None = None) -> Any:
+    """``obj`` with every image reference replaced by ``{"__image__": url}`` (urls also in ``found``)."""
+    if isinstance(obj, str):
+        ref = image_ref(obj, run)
+        if ref is None:
+            return obj
+        url = ref if ref.startswith("data:") else link(ref)
+        if found is not None:
+            found.append(url)
+        return {"__image__": url}
+    if isinstance(obj, list):
+        return [mark_images(v, run, link, found) for v in obj]
+    if isinstance(obj, dict):
+        return {k: mark_images(v, run, link, found) for k, v in obj.items()}
+    return obj
+
+
+class RunIndex:
+    """What a run folder holds, read incrementally: call :meth:`refresh` to pick up new lines."""
+
+    def __init__(self, run: str | Path):
+        self.run = Path(run)
+        if not self.run.is_dir():
+            raise FileNotFoundError(f"{self.run} is not a directory")
+        self._lock = threading.RLock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.episodes: list[Episode] = []
+        self._by_key: dict[tuple[str, int], Episode] = {}
+        self.advantages: dict[tuple[str, int, int], dict] = {}
+        self.bad_lines = 0
+        self._offsets = {ROLLOUTS: 0, ADVANTAGES: 0}
+        self._small: dict[str, tuple[float, int]] = {}
+        self.metrics: list[dict] = []
+        self.config: Any = None
+        self.report: Any = None
+        self.results: list[dict] = []
+        self.version = ""
+        self._from_results = False      # episodes made from results.jsonl (no rollouts.jsonl)
+
+    # -- reading -------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Read what was appended since the last call; returns whether anything changed."""
+        with self._lock:
+            if any((self.run / n).exists() and (self.run / n).stat().st_size < off
+                   for n, off in self._offsets.items()):
+                self._reset()            # a file was rewritten: start over
+            stamp = []
+            for name in (ROLLOUTS, ADVANTAGES, METRICS, RESULTS, REPORT, CONFIG):
+                p = self.run / name
+                st = p.stat() if p.exists() else None
+                stamp.append(f"{st.st_size}:{st.st_mtime_ns}" if st else "-")
+            version = "|".join(stamp)
+            if version == self.version:
+                return False
+            self._read_small()
+            for name, handle in ((ADVANTAGES, self._advantage_line), (ROLLOUTS, self._rollout_line)):
+                self._read_lines(name, handle)
+            self._join_results()
+            self.version = version
+            return True
+
+    def _read_lines(self, name: str, handle: Callable[[bytes, int, int, int], None]) -> None:
+        """Calls ``handle(data, begin, end, base)`` for each complete new line ``data[begin:end]``
+        (at file offset ``base + begin``) of ``name``; lines are not copied out whole."""
+        path = self.run / name
+        if not path.exists():
+            return
+        start = self._offsets[name]
+        with path.open("rb") as f:
+            f.seek(start)
+            data = f.read()
+        end = data.rfind(b"\n") + 1          # a half-written last line waits for the next refresh
+        pos = 0
+        while pos < end:
+            nl = data.find(b"\n", pos)
+            if nl > pos:
+                try:
+                    handle(data, pos, nl, start)
+                except (ValueError, KeyError, TypeError):
+                    self.bad_lines += 1
+            pos = nl + 1
+        self._offsets[name] = start + end
+
+    def _advantage_line(self, data: bytes, begin: int, end: int, base: int) -> None:
+        row = _loads(data[begin:end])
+        self.advantages[(row["group_id"], int(row["sample"]), int(row["step"]))] = row
+        ep = self._by_key.get((row["group_id"], int(row["sample"])))
+        if ep is not None and row.get("train_step") is not None:
+            ep.train_step = int(row["train_step"])
+
+    def _rollout_line(self, data: bytes, begin: int, end: int, base: int) -> None:
+        m = _KIND.match(data, begin, end)
+        rec = _head(data, begin, end, m.group(1) if m else None)
+        offset, length = base + begin, end - begin
+        if not isinstance(rec, dict) or "group_id" not in rec:
+            return
+        key = (rec["group_id"], int(rec.get("sample", 0)))
+        ep = self._by_key.get(key)
+        kind = rec.get("kind")
+        if (kind == "step" and (ep is None or (rec.get("step") == 0 and ep.status != "running"))
+                or kind == "trajectory" and ep is None):
+            ep = self._new_episode(rec)   # first step, a resumed run playing it again, or aborted at once
+        if ep is None:
+            return
+        if kind == "step":
+            i = int(rec["step"])
+            ep.steps[i] = (offset, length)
+            ep.length = max(ep.length, i + 1)
+            if rec.get("role"):
+                ep.roles.add(rec["role"])
+        elif kind == "judge":
+            ep.judges[int(rec["step"])] = (offset, length)
+        elif kind == "trajectory":
+            ep.status, ep.outcome, ep.error = rec.get("status", "finished"), rec.get("outcome"), rec.get("error")
+            ep.length = max(ep.length, int(rec.get("steps") or 0))
+
+    def _new_episode(self, rec: dict) -> Episode:
+        m = _TRAIN_STEP.search(rec["group_id"])
+        ep = Episode(len(self.episodes), rec["group_id"], str(rec.get("task_id", rec["group_id"])),
+                     int(rec.get("sample", 0)), train_step=int(m.group(1)) if m else None)
+        old = self._by_key.get((ep.group_id, ep.sample))
+        if old is not None:
+            old.status = "superseded"
+        self._by_key[(ep.group_id, ep.sample)] = ep
+        self.episodes.append(ep)
+        return ep
+
+    def _changed(self, name: str) -> Path | None:
+        p = self.run / name
+        if not p.exists():
+            return None
+        st = p.stat()
+        if self._small.get(name) == (st.st_mtime, st.st_size):
+            return None
+        self._small[name] = (st.st_mtime, st.st_size)
+        return p
+
+    def _read_small(self) -> None:
+        """metrics.jsonl, results.jsonl, report.json, config.json: small, read whole when changed."""
+        def jsonl(p: Path) -> list[dict]:
+            rows = []
+            for line in p.read_text(errors="replace").splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass  # a line being written
+            return rows
+
+        def obj(p: Path) -> Any:
+            try:
+                return json.loads(p.read_text())
+            except ValueError:
+                return None
+
+        if p := self._changed(METRICS):
+            self.metrics = jsonl(p)
+        if p := self._changed(RESULTS):
+            self.results = jsonl(p)
+        if p := self._changed(REPORT):
+            self.report = obj(p)
+        if p := self._changed(CONFIG):
+            self.config = obj(p)
+        if self.config is None:
+            self.config = self._checkpoint_config()
+
+    def _checkpoint_config(self) -> Any:
+        metas = sorted((self.run / "checkpoints").glob("step_*/meta.json"))
+        if metas:
+            try:
+                return json.loads(metas[-1].read_text()).get("config")
+            except ValueError:
+                return None
+        return None
+
+    def _join_results(self) -> None:
+        """Evaluation runs: results.jsonl gives category and success; without rollouts, the episodes."""
+        if not self.results:
+            return
+        if not self.episodes:
+            for r in self.results:
+                ep = self._new_episode({"group_id": r["task_id"], "task_id": r["task_id"]})
+                ep.status, ep.length = r.get("status", "finished"), int(r.get("steps") or 0)
+            self._from_results = True
+        by_task = {r["task_id"]: r for r in self.results}
+        for ep in self.episodes:
+            r = by_task.get(ep.task_id)
+            if r is None:
+                continue
+            ep.category, ep.success = r.get("category"), r.get("success")
+            if ep.outcome is None:
+                ep.outcome = r.get("reward")
+            if self._from_results:
+                ep.status, ep.error = r.get("status", ep.status), r.get("reason")
+
+    # -- what the page asks for -----------------------------------------------------------
+    def overview(self) -> dict[str, Any]:
+        """The run: config, report, metrics rows and one summary per episode."""
+        with self._lock:
+            kind = "train" if (self.run / METRICS).exists() or self.advantages else (
+                "evaluate" if self.results or self.report else "rollouts")
+            return {"run": str(self.run), "name": self.run.resolve().name, "kind": kind,
+                    "version": self.version, "config": self.config, "report": self.report,
+                    "metrics": self.metrics, "bad_lines": self.bad_lines,
+                    "episodes": [e.summary(self.advantages) for e in self.episodes
+                                 if e.status != "superseded"]}
+
+    def episode(self, eid: int, link: Callable[[str], str] = lambda p: "files/" + p) -> dict[str, Any]:
+        """One episode in full: its steps with judge results, R_t, advantages and screenshots."""
+        with self._lock:
+            ep = self.episodes[eid]
+            where = dict(ep.steps), dict(ep.judges)
+            head = ep.summary(self.advantages)
+        lines = self._read_at([*where[0].values(), *where[1].values()])
+        steps, prev_after = [], []
+        for i in range(max(head["steps"], max(where[0], default=-1) + 1)):
+            rec = lines.get(where[0].get(i), {})
+            judge = lines.get(where[1].get(i))
+            msg_images: list[str] = []
+            messages = mark_images(rec.get("messages"), self.run, link, msg_images)
+            after: list[str] = []
+            rest = mark_images({k: v for k, v in rec.items() if k not in ("messages", "kind")},
+                               self.run, link, after)
+            adv = self.advantages.get((ep.group_id, ep.sample, i))
+            steps.append({
+                "index": i, "recorded": bool(rec), "role": rec.get("role"), "messages": messages,
+                "text": rest.get("text"), "action": rest.get("action"), "next_state": rest.get("next_state"),
+                "env_reward": rest.get("reward"),
+                "extra": {k: v for k, v in rest.items() if k not in _SHOWN},
+                "judge": {k: v for k, v in judge.items() if k not in _WHERE} if judge else None,
+                "R_t": adv["reward"] if adv else None, "advantage": adv["advantage"] if adv else None,
+                "kept": adv["kept"] if adv else None,
+                "before": msg_images[-1:] or prev_after, "after": after, "_seen": msg_images[-1:],
+            })
+            prev_after = after or prev_after
+        for s, nxt in zip(steps, steps[1:] + [None]):   # no screenshot recorded after a step: the
+            seen = s.pop("_seen")                       # next step's prompt shows the state it left
+            if not s["after"] and nxt is not None and nxt["_seen"] != seen:
+                s["after"] = nxt["_seen"]
+        return {**head, "steps_detail": steps}
+
+    def _read_at(self, spots: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
+        out = {}
+        path = self.run / ROLLOUTS
+        if not spots or not path.exists():
+            return out
+        with path.open("rb") as f:
+            for off, n in sorted(spots):
+                f.seek(off)
+                try:
+                    out[(off, n)] = json.loads(f.read(n))
+                except ValueError:
+                    pass
+        return out
+
+    def file(self, rel: str) -> Path | None:
+        """A file under the run folder (images), or None for anything outside it."""
+        path = (self.run / rel).resolve()
+        return path if path.is_relative_to(self.run.resolve()) and path.is_file() else None
+
+
+_WHERE = {"kind", "time", "group_id", "task_id", "sample", "step"}
+_SHOWN = _WHERE | {"role", "text", "action", "next_state", "reward"}
+
+
+def to_json(obj: Any) -> str:
+    """JSON the browser can parse: NaN and infinities (which the recorder may write) become null."""
+    try:
+        return json.dumps(obj, allow_nan=False, default=str)
+    except ValueError:
+        return json.dumps(_finite(obj), allow_nan=False, default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    return obj
+
+
+# -- the server ------------------------------------------------------------------------------
+def make_server(index: RunIndex, port: int = 8765, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """An HTTP server for the page and its JSON API (``serve_forever`` to run it)."""
+    page = PAGE.read_bytes().replace(b"/*EMBEDDED*/null", b"null")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:   # quiet: one line per request is noise here
+            pass
+
+        def _send(self, body: bytes, ctype: str, status: int = 200) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, obj: Any, status: int = 200) -> None:
+            self._send(to_json(obj).encode(), "application/json", status)
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            route = url.path
+            try:
+                if route in ("/", "/index.html"):
+                    return self._send(page, "text/html; charset=utf-8")
+                if route == "/api/run":
+                    index.refresh()
+                    since = parse_qs(url.query).get("since", [None])[0]
+                    if since is not None and since == index.version:
+                        return self._json({"unchanged": True, "version": index.version})
+                    return self._json(index.overview())
+                if m := re.fullmatch(r"/api/episode/(\d+)", route):
+                    index.refresh()
+                    if int(m.group(1)) >= len(index.episodes):
+                        return self._json({"error": f"no episode {m.group(1)}"}, HTTPStatus.NOT_FOUND)
+                    return self._json(index.episode(int(m.group(1))))
+                if route.startswith("/files/"):
+                    path = index.file(unquote(route[len("/files/"):]))
+                    if path is None:
+                        return self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
+                    return self._send(path.read_bytes(), mimetypes.guess_type(path.name)[0]
+                                      or "application/octet-stream")
+                return self._json({"error": f"no route {route}"}, HTTPStatus.NOT_FOUND)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except Exception as e:  # a bug or an unreadable file: say so, keep serving
+                self._json({"error": f"{type(e).__name__}: {e}"}, HTTPStatus.INTERNAL_SERVER_ERROR)
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def export(index: RunIndex, dest: str | Path) -> Path:
+    """One self-contained HTML page: the overview, every episode, images inlined as data URIs."""
+    def inline(rel: str) -> str:
+        path = index.run / rel
+        mime = mimetypes.guess_type(path.name)[0] or "image/png"
+        return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+    index.refresh()
+    data = {"overview": index.overview(),
+            "episodes": {str(e["id"]): index.episode(e["id"], link=inline)
+                         for e in index.overview()["episodes"]}}
+    blob = to_json(data).replace("</", "<\\/")
+    html = PAGE.read_text().replace("/*EMBEDDED*/null", blob)
+    dest = Path(dest)
+    dest.write_text(html, encoding="utf-8")
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.view", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("run", help="run folder of `python -m train` or `python -m train.evaluate`")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0 picks one)")
+    p.add_argument("--export", metavar="FILE.html", help="write one self-contained page instead of serving")
+    p.add_argument("--open", action="store_true", help="open the page in a browser")
+    args = p.parse_args(argv)
+    try:
+        index = RunIndex(args.run)
+        if args.export:
+            dest = export(index, args.export)
+            n = len(index.overview()["episodes"])
+            print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, {n} episodes)")
+            return 0
+        index.refresh()
+        server = make_server(index, args.port)
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    print(f"serving {args.run} at {url} (Ctrl-C to stop)", flush=True)
+    if args.open:
+        threading.Timer(0.5, webbrowser.open, [url]).start()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
