@@ -74,10 +74,10 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
     # the advantages the actor update read equal the shared computation on the same rows
     rows = [json.loads(line) for line in (out_dir / "advantages.jsonl").read_text().splitlines()]
     rows = [r for r in rows if not r["padding"] and not r[vadv.FIELD_ABORTED]]
-    assert len(rows) >= 8 and {r["step"] for r in rows} == {1}
+    assert len(rows) >= 8 and {r["train_step"] for r in rows} == {1}
     assert all(r["uniform"] and r["tokens"] > 0 for r in rows)
     shared = compute_advantages(
-        StepRows(group=np.array([r["uid"] for r in rows]), step=np.array([r[vadv.FIELD_STEP] for r in rows]),
+        StepRows(group=np.array([r["group_id"] for r in rows]), step=np.array([r[vadv.FIELD_STEP] for r in rows]),
                  outcome=np.array([r[vadv.FIELD_OUTCOME] for r in rows], dtype=float),
                  vote_mean=np.array([np.nan if r[vadv.FIELD_VOTE_MEAN] is None else r[vadv.FIELD_VOTE_MEAN]
                                      for r in rows]),
@@ -85,6 +85,7 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
         "step_index", c=1.0, eps=1e-6, drop_constant=False)
     assert len(set(shared.rewards.tolist())) > 1, "the judge gave every step the same reward"
     np.testing.assert_allclose([r["advantage"] for r in rows], shared.advantages, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([r["reward"] for r in rows], shared.rewards)
     assert np.abs(shared.advantages).max() > 0.5
 
     # the actor's weights changed: veRL's HF export of the step-1 checkpoint vs the initial model

@@ -33,7 +33,9 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
-from train.verl_backend.advantage import FIELD_VOTE_MEAN, FIELDS, step_advantages
+from train.advantage import step_rewards
+from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_OUTCOME, FIELD_STEP, FIELD_VOTE_MEAN, FIELDS,
+                                          step_advantages)
 
 MODE = "nextstate"
 ADVANTAGE_LOG = "advantages.jsonl"
@@ -105,23 +107,33 @@ class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
         super().__init__(*args, **kwargs)
 
 
-def advantage_rows(fetched: TensorDict, tags: list[dict], step: int) -> list[dict[str, Any]]:
-    """One JSON row per sample of an update: its step fields and the advantage on its tokens.
+def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, role: str,
+                   weight: float) -> list[dict[str, Any]]:
+    """The rows of ``advantages.jsonl`` for one update, in the local backend's format, one per sample.
 
-    ``advantage`` is the value on the sample's first trained token (0 for a row with none),
-    ``uniform`` whether every trained token carries that value, ``tokens`` how many are trained.
+    Like the local trainer's (``kind``, ``train_step``, ``group_id``, ``sample``, ``step``,
+    ``role``, ``reward`` = ``R_t``, ``advantage``, ``kept``), plus veRL's view of the sample:
+    ``advantage`` is the value on its first trained token, ``uniform`` whether every trained
+    token carries it, ``tokens`` how many are trained, ``padding`` whether veRL padded the batch
+    with it, and the agent loop's ``FIELD_*`` values.
     """
     rows = []
     for i, (adv, mask, extra) in enumerate(zip(fetched["advantages"].unbind(), fetched["response_mask"].unbind(),
                                                fetched["extra_fields"])):
         trained = adv[mask.bool()]
-        extra = extra or {}
-        vote = extra.get(FIELD_VOTE_MEAN)
-        rows.append({"step": step, "uid": str(fetched["uid"][i]), "padding": bool(tags[i].get("is_padding", False)),
-                     **{name: extra.get(name) for name in FIELDS if name != FIELD_VOTE_MEAN},
-                     FIELD_VOTE_MEAN: None if vote is None or vote != vote else float(vote),
-                     "tokens": int(mask.sum()), "advantage": float(trained[0]) if len(trained) else 0.0,
-                     "uniform": bool((trained == trained[0]).all()) if len(trained) else True})
+        extra = {name: (extra or {}).get(name) for name in FIELDS}
+        vote = extra[FIELD_VOTE_MEAN]
+        extra[FIELD_VOTE_MEAN] = None if vote is None or vote != vote else float(vote)
+        outcome = float(extra[FIELD_OUTCOME] or 0.0)
+        reward = step_rewards(np.array([outcome]), np.array([np.nan if extra[FIELD_VOTE_MEAN] is None
+                                                              else extra[FIELD_VOTE_MEAN]]), weight)[0]
+        episode = str(extra[FIELD_EPISODE] or "")
+        rows.append({"kind": "advantage", "train_step": train_step, "group_id": str(fetched["uid"][i]),
+                     "sample": int(episode.rsplit("/", 1)[-1]) if "/" in episode else 0,
+                     "step": extra[FIELD_STEP], "role": role, "reward": float(reward),
+                     "advantage": float(trained[0]) if len(trained) else 0.0, "kept": bool(len(trained)),
+                     "uniform": bool((trained == trained[0]).all()) if len(trained) else True,
+                     "tokens": int(mask.sum()), "padding": bool(tags[i].get("is_padding", False)), **extra})
     return rows
 
 
@@ -153,13 +165,15 @@ class NextStateTrainer(PPOTrainerSync):
         """veRL's actor update, after logging the advantages it reads (``<output>/advantages.jsonl``)."""
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                   select_fields=["uid", "advantages", "response_mask", "extra_fields"])
-        rows = advantage_rows(fetched, batch.tags, step=self.global_steps)
+        ns = self.config.nextstate
+        rows = advantage_rows(fetched, batch.tags, self.global_steps, role=ns.train.role,
+                              weight=float(ns.judge.weight))
         path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
         if not getattr(self, "_advantage_log_started", False):   # a fresh run, or rows up to the checkpoint
             self._advantage_log_started = True
             resumed = self.config.trainer.resume_mode != "disable" and path.exists()
             kept = [line for line in path.read_text().splitlines()
-                    if json.loads(line)["step"] < self.global_steps] if resumed else []
+                    if json.loads(line)["train_step"] < self.global_steps] if resumed else []
             path.write_text("".join(line + "\n" for line in kept))
         with path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
