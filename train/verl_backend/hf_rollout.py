@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Generator
@@ -214,10 +215,11 @@ class HFServerAdapter(BaseRollout):
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1):
         super().__init__(config, model_config, device_mesh)
-        import os
+        c = self.config                              # as veRL's vLLM adapter maps trainer ranks to replicas
         rank = int(os.environ.get("RANK", "0"))
-        self.replica_rank = rank if replica_rank == -1 else replica_rank
-        self._has_server = rank == 0 or replica_rank != -1
+        per_replica = c.tensor_model_parallel_size * c.data_parallel_size * c.pipeline_model_parallel_size
+        self.replica_rank = rank // per_replica if replica_rank == -1 else replica_rank
+        self._has_server = rank % per_replica == 0   # one sender per replica's server
         self._server = None
 
     def _server_handle(self) -> Any:
