@@ -28,6 +28,7 @@ pytest.importorskip("ray", reason="Ray is not installed")
 from agents.testing import ScriptedOpenAIServer  # noqa: E402
 from train.advantage import StepRows, compute_advantages  # noqa: E402
 from train.verl_backend import advantage as vadv  # noqa: E402
+from train.verl_backend.launch import run_processes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,20 +37,6 @@ def judge_vote(request: dict) -> str:
     """+1 or -1 from a checksum of the judged conversation: fixed per step, varied across steps."""
     text = json.dumps(request.get("messages"), sort_keys=True)
     return "\\boxed{1}" if zlib.crc32(text.encode()) % 2 else "\\boxed{-1}"
-
-
-def _processes_with(marker: str) -> list[int]:
-    """Pids whose environment holds ``marker`` (the run id launch hands every Ray process)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.slow
@@ -111,4 +98,4 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
 
     # nothing of the run is left running
     run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
-    assert _processes_with(run_id) == []
+    assert run_processes(run_id) == []

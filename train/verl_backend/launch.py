@@ -247,10 +247,37 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()
+            stop_leftovers(env_vars[RUN_ENV])
         reap_sandboxes(env_vars[RUN_ENV])
     print(f"done: metrics {output / 'metrics.jsonl'}, rollouts {output / 'rollouts.jsonl'}, "
           f"plot {output / 'curves.png'}, checkpoints {output / 'checkpoints'}", file=sys.stderr)
     return 0
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Pids (other than this one) whose environment carries the run id: the run's Ray processes."""
+    marker = f"{RUN_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(entry.name) != os.getpid() and marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def stop_leftovers(run_id: str, grace: float = 30.0) -> None:
+    """Wait for the run's Ray processes to exit after ``ray.shutdown()``; kill those that outlive ``grace``."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + grace
+    while (left := run_processes(run_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def reap_sandboxes(run_id: str) -> int:
