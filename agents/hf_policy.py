@@ -1,38 +1,66 @@
 """A policy backed by a local transformers model (``"tiny"``, a path, or a hub name).
 
+Generation is batched: requests from concurrent episodes and from the judge
+(``complete(n=m)`` is one request of ``m`` rows) are collected for a few
+milliseconds by a :class:`~agents.batching.Batcher` and generated together by
+:func:`~agents.batching.decode` on one worker thread (see
+:mod:`agents.batching` for why this and not transformers' continuous
+batching). A batch is split into sub-batches of rows that share a prompt
+prefix (prefilled once per sub-batch), each within ``max_batch_tokens``.
+The judge's ``complete`` requests are queued ahead of ``generate`` turns: the
+judge waits under a timeout, an episode's next turn does not.
+
 Log-probs: for each sampled token, ``log_softmax(raw_logits / T)[token]`` with
 ``T`` the sampling temperature (``T = 1`` for greedy decoding). That is the
 distribution the token was drawn from when ``top_p = 1`` (top-k is always
 off), and it is what the trainer recomputes for ``log pi_old`` (logits divided
 by the rollout temperature, no truncation), so the two agree exactly up to
-numerics. With ``top_p < 1`` the token was drawn from the truncated
-distribution but the log-prob reported is still the untruncated one, as the
-trainer computes it.
+numerics, batched or not. With ``top_p < 1`` the token was drawn from the
+truncated distribution but the log-prob reported is still the untruncated
+one, as the trainer computes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from agents.batching import Batcher, Decoded, Row, common_prefix, decode
 from agents.policy import Generation, Policy
 
 
+@dataclass
+class _Request:
+    messages: list[dict]
+    tools: list[dict] | None
+    n: int
+    sampling: dict[str, Any]
+    priority: int = 1
+
+
 class HFPolicy(Policy):
-    """``model.generate`` in a worker thread, one call at a time.
+    """A local model serving batched generations from one worker thread.
 
     ``.model`` and ``.tokenizer`` are public: the local trainer updates
-    ``.model`` in place, holding ``.lock`` while it does (generation holds it too).
-    ``seed=`` in :meth:`generate` reseeds torch's global RNG for that call. The model
-    runs in ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
-    preset's weights.
+    ``.model`` in place, holding ``.lock`` while it does (each sub-batch holds it
+    from its first token to its last, so no generation sees half-swapped weights).
+    ``seed=`` in :meth:`generate` seeds that request's own random generator, so
+    its tokens do not depend on what else shares its batch. The model runs in
+    ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
+    preset's weights. ``batch_window_s``: how long a batch waits for more
+    requests after its first; ``max_batch_rows``: rows per batch (a batch holds the
+    worker until its last row is done, so this bounds how long a new request waits);
+    ``max_batch_tokens``: token positions one sub-batch's prefill may run;
+    ``join_slack_tokens``: see :meth:`_chunks`.
+    ``decode_calls`` counts batched generations (one per sub-batch).
     """
 
     def __init__(self, model_name_or_path: str = "tiny", device: str = "cpu", dtype: Any = None, *,
-                 seed: int = 0, max_new_tokens: int = 512, name: str | None = None):
+                 seed: int = 0, max_new_tokens: int = 512, name: str | None = None,
+                 batch_window_s: float = 0.005, max_batch_rows: int = 32,
+                 max_batch_tokens: int = 262144, join_slack_tokens: int = 2048):
         import torch
         if model_name_or_path == "tiny":
             from agents.tiny import load_tiny
@@ -44,11 +72,14 @@ class HFPolicy(Policy):
         self.model.to(device=device, dtype=dtype or torch.float32).eval()
         self.device = device
         self.max_new_tokens = max_new_tokens
+        self.max_batch_tokens, self.join_slack_tokens = max_batch_tokens, join_slack_tokens
         self.name = name or f"hf:{model_name_or_path}"
         self.renders_tools = "tools" in (self.tokenizer.chat_template or "")
         self.lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-policy")
+        self.decode_calls = 0
+        self.batcher = Batcher(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows,
+                               rows_of=lambda req: req.n, name=f"{self.name} batcher")
 
     # -- prompts ----------------------------------------------------------------------
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -66,61 +97,126 @@ class HFPolicy(Policy):
         ids = eos if isinstance(eos, list) else [eos]
         return [i for i in {*ids, self.tokenizer.eos_token_id} if i is not None]
 
+    def _decode_text(self, ids: list[int]) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     # -- generation -------------------------------------------------------------------
-    def _generate(self, messages: list[dict], tools: list[dict] | None, n: int,
-                  sampling: dict[str, Any]) -> list[Generation]:
+    def _rows(self, req: _Request) -> list[Row]:
+        """The ``n`` rows of a request (raises for bad sampling parameters or a bad prompt)."""
         import torch
-        temperature = float(sampling.get("temperature", 1.0) or 0.0)
-        max_tokens = int(sampling.get("max_tokens") or self.max_new_tokens)
-        stop = sampling.get("stop") or []
+        s = req.sampling
+        temperature = float(s.get("temperature", 1.0) or 0.0)
+        top_p = float(s.get("top_p", 1.0) if s.get("top_p") is not None else 1.0)
+        max_tokens = int(s.get("max_tokens") or self.max_new_tokens)
+        if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1 or req.n < 1:
+            raise ValueError(f"bad sampling parameters: temperature={temperature}, top_p={top_p}, "
+                             f"max_tokens={max_tokens}, n={req.n}")
+        stop = s.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
-        eos = self._eos_ids()
-        stop_strings = []
-        for s in stop:  # a stop string that is one token stops like EOS (and exactly)
-            ids = self.tokenizer.encode(s, add_special_tokens=False)
+        stop_ids, stop_strings = set(self._eos_ids()), []
+        for text in stop:  # a stop string that is one token stops like EOS (and exactly)
+            with self._tokenizer_lock:
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
             if len(ids) == 1:
-                eos.append(ids[0])
+                stop_ids.add(ids[0])
             else:
-                stop_strings.append(s)
-        kwargs: dict[str, Any] = dict(max_new_tokens=max_tokens, eos_token_id=eos,
-                                      pad_token_id=self.tokenizer.pad_token_id or eos[0],
-                                      return_dict_in_generate=True, output_logits=True,
-                                      num_return_sequences=n, do_sample=temperature > 0)
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_p=float(sampling.get("top_p", 1.0)), top_k=0)
-        if stop_strings:
-            kwargs.update(stop_strings=stop_strings, tokenizer=self.tokenizer)
-        prompt = self.prompt_ids(messages, tools)
-        with self.lock, torch.no_grad():
-            if sampling.get("seed") is not None:
-                torch.manual_seed(int(sampling["seed"]))
-            inputs = torch.tensor([prompt], device=self.model.device)
-            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
-            scale = temperature if temperature > 0 else 1.0
-            logits = torch.stack(out.logits, dim=1).float() / scale        # (n, steps, vocab)
-            response = out.sequences[:, len(prompt):]
-            picked = torch.log_softmax(logits, dim=-1).gather(-1, response[..., None])[..., 0]
-        gens = []
-        for i in range(n):
-            ids = response[i].tolist()
-            cut = next((j + 1 for j, t in enumerate(ids) if t in eos), len(ids))
-            ids = ids[:cut]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            hit = [text.index(s) + len(s) for s in stop_strings if s in text]
-            if hit:
-                text = text[:min(hit)]
-            ended = cut < response.shape[1] or (ids and ids[-1] in eos) or bool(hit)
-            gens.append(Generation(text=text, prompt_ids=prompt, response_ids=ids,
-                                   logprobs=picked[i, :cut].tolist(),
-                                   finish_reason="stop" if ended else "length",
-                                   ids_from_server=True))
-        return gens
+                stop_strings.append(text)
+        prompt = self.prompt_ids(req.messages, req.tools)
+        seed = s.get("seed")
+        rows = []
+        for i in range(req.n):
+            gen = None
+            if temperature > 0:
+                gen = torch.Generator(device=self.model.device)
+                # a seeded request is reproducible; otherwise draw from torch's global RNG
+                gen.manual_seed(hash((int(seed), i)) & (2**63 - 1) if seed is not None
+                                else int(torch.randint(2**62, ())))
+            rows.append(Row(prompt, max_tokens, temperature, top_p, frozenset(stop_ids),
+                            tuple(stop_strings), gen))
+        return rows
+
+    def _generation(self, row: Row, got: Decoded) -> Generation:
+        text = self._decode_text(got.ids)
+        hit = [text.index(s) + len(s) for s in row.stop_strings if s in text]
+        if hit:
+            text = text[:min(hit)]
+        return Generation(text=text, prompt_ids=row.prompt, response_ids=got.ids, logprobs=got.logprobs,
+                          finish_reason="stop" if got.stopped else "length", ids_from_server=True)
+
+    def _decode(self, rows: list[Row]) -> list[Decoded]:
+        with self.lock:
+            self.decode_calls += 1
+            return decode(self.model, rows, self._pad_id(), self._decode_text)
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self._eos_ids()[0]
+
+    def _run_batch(self, reqs: list[_Request], deliver: Callable[[int, Any], None]) -> None:
+        """Generations for every request of a batch (worker thread), each delivered as soon as
+        its rows are done; an error stays with its request."""
+        rows: dict[int, list[Row]] = {}
+        for k, req in enumerate(reqs):
+            try:
+                rows[k] = self._rows(req)
+            except Exception as e:
+                deliver(k, e)
+        outs: dict[int, list[Decoded | None]] = {k: [None] * len(rs) for k, rs in rows.items()}
+        left = {k: len(rs) for k, rs in rows.items()}
+        flat = sorted(((k, i, r) for k, rs in rows.items() for i, r in enumerate(rs)),   # shared
+                      key=lambda kir: (reqs[kir[0]].priority, kir[2].prompt))   # prefixes side by side
+
+        def done(k: int) -> None:
+            del left[k]
+            deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
+
+        for chunk in self._chunks(flat):
+            chunk = [(k, i, r) for k, i, r in chunk if k in left]
+            if not chunk:
+                continue
+            try:
+                got = self._decode([r for _, _, r in chunk])
+            except Exception:   # run each request of the sub-batch alone: only the culprit fails
+                for k in dict.fromkeys(k for k, _, _ in chunk):
+                    try:
+                        outs[k] = list(self._decode(rows[k]))
+                    except Exception as e:
+                        del left[k]
+                        deliver(k, e)
+                    else:
+                        done(k)
+                continue
+            for (k, i, _), d in zip(chunk, got):
+                outs[k][i] = d
+                left[k] -= 1
+                if not left[k]:
+                    done(k)
+
+    def _chunks(self, flat: list[tuple[int, int, Row]]) -> list[list[tuple[int, int, Row]]]:
+        """Sub-batches of consecutive rows (sorted by prompt, so a sub-batch shares the prefix its
+        first and last rows share): a row joins the current sub-batch when that adds no more
+        prefill than running it alone would, plus ``join_slack_tokens`` (what another sub-batch's
+        decode loop costs, in prefill tokens), within ``max_batch_tokens``."""
+        chunks: list[list[tuple[int, int, Row]]] = []
+        for kir in flat:
+            prompt = kir[2].prompt
+            if chunks:
+                short, long = min(shortest, len(prompt)), max(longest, len(prompt))
+                shared = min(common_prefix([chunks[-1][0][2].prompt, prompt]), short - 1)
+                grown = shared + (len(chunks[-1]) + 1) * (long - shared)
+                if grown <= min(cost + len(prompt) + self.join_slack_tokens, self.max_batch_tokens):
+                    chunks[-1].append(kir)
+                    cost, shortest, longest = grown, short, long
+                    continue
+            chunks.append([kir])
+            cost = shortest = longest = len(prompt)
+        return chunks
 
     async def _run(self, messages: list[dict], tools: list[dict] | None, n: int,
-                   sampling: dict[str, Any]) -> list[Generation]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker,
-                                          partial(self._generate, messages, tools, n, sampling))
+                   sampling: dict[str, Any], priority: int = 1) -> list[Generation]:
+        req = _Request(messages, tools, n, sampling, priority)
+        return await asyncio.wrap_future(self.batcher.submit(req, priority))
 
     async def generate(self, messages: list[dict], tools: list[dict] | None = None,
                        **sampling: Any) -> Generation:
@@ -128,9 +224,12 @@ class HFPolicy(Policy):
 
     async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
                        max_tokens: int = 1024) -> list[str]:
-        """``n`` answers sampled in one batched ``generate``."""
-        gens = await self._run(messages, None, n, {"temperature": temperature, "max_tokens": max_tokens})
+        """``n`` answers sampled as one request of ``n`` rows, batched with whatever else is
+        pending but ahead of :meth:`generate` requests: this is what the step judge calls, under
+        a timeout, while an episode's next turn can wait."""
+        gens = await self._run(messages, None, n, {"temperature": temperature, "max_tokens": max_tokens},
+                               priority=0)
         return [g.text for g in gens]
 
     async def aclose(self) -> None:
-        self._worker.shutdown(wait=False)
+        self.batcher.close()

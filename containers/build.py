@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import os
 import re
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+import yaml
 
 from . import connect
 
@@ -111,6 +113,60 @@ def read_packages(directory: Path) -> list[str]:
         return []
     text = re.sub(r"#.*", "", path.read_text())
     return text.split()
+
+
+BASE_TABLE = ROOT / "base-images.yaml"
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
+
+
+def base_images() -> list[tuple[str, str]]:
+    """The base image table: (reference pattern, local image), the user's files
+    (``NEXTSTATE_BASE_IMAGES``) first, then containers/base-images.yaml."""
+    files = [Path(f) for f in os.environ.get("NEXTSTATE_BASE_IMAGES", "").split(os.pathsep) if f]
+    table: list[tuple[str, str]] = []
+    for path in [*files, BASE_TABLE]:
+        try:
+            entries = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"base image table {path}: {exc}") from None
+        if not isinstance(entries, dict):
+            raise ValueError(f"base image table {path}: expected a mapping of pattern: image")
+        table += [(str(k), str(v)) for k, v in entries.items()]
+    return table
+
+
+def local_base(ref: str) -> str | None:
+    """The local image the table maps the reference `ref` to, or None."""
+    return next((local for pattern, local in base_images() if fnmatch.fnmatchcase(ref, pattern)), None)
+
+
+def from_refs(text: str) -> list[str]:
+    """The image references a Dockerfile's ``FROM`` lines name (not build args, stages or scratch)."""
+    refs, stages = [], {"scratch"}
+    for m in _FROM.finditer(text):
+        ref, rest = m.group(3), m.group(4).split()
+        if "$" not in ref and ref.lower() not in stages:
+            refs.append(ref)
+        if len(rest) == 2 and rest[0].lower() == "as":
+            stages.add(rest[1].lower())
+    return refs
+
+
+def resolve_from(text: str) -> tuple[str, dict[str, str]]:
+    """A Dockerfile's text with every mapped ``FROM`` reference replaced by its local
+    image (known images by their tag), and {original: local} of what was replaced.
+    ``--platform`` flags go with a replaced reference: the local image is this host's."""
+    mapped: dict[str, str] = {}
+
+    def swap(m: re.Match[str]) -> str:
+        local = local_base(m.group(3))
+        if local is None:
+            return m.group(0)
+        mapped[m.group(3)] = tag_of(known_name(local)) if known_name(local) else local
+        flags = " ".join(f for f in m.group(2).split() if not f.startswith("--platform"))
+        return f"{m.group(1)}{flags + ' ' if flags else ''}{mapped[m.group(3)]}{m.group(4)}"
+
+    return _FROM.sub(swap, text), mapped
 
 
 def known_name(ref: str) -> str | None:
@@ -207,13 +263,15 @@ def docker_build(
     tag: str | None = None,
     labels: dict[str, str] | None = None,
     network: str | None = None,
+    dockerfile: str | None = None,
 ) -> str:
-    """Runs one `docker build`, streaming its steps; returns the image id."""
+    """Runs one `docker build` (of `dockerfile`, default the directory's), streaming its
+    steps; returns the image id."""
     progress.say(f"docker build {directory.name} ({' '.join(f'{k}={v}' for k, v in buildargs.items())})")
     image_id = None
     stream = client.api.build(
         path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None,
-        network_mode=network, rm=True, forcerm=True, pull=False, decode=True,
+        network_mode=network, rm=True, forcerm=True, pull=False, decode=True, dockerfile=dockerfile,
     )
     for chunk in stream:
         if "error" in chunk:
@@ -259,20 +317,20 @@ def run_streamed(cmd: list[str], progress: Progress, env: dict[str, str] | None 
         return proc.wait()
 
 
-def mmdebstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+def mmdebstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress, suite: str = SUITE) -> None:
     """Writes a minbase rootfs tarball with `packages`, resolved by apt (virtual packages too)."""
     cmd = ["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}",
-           '--aptopt=APT::Install-Recommends "false"', "--skip=output/dev", SUITE, str(archive), mirror]
+           '--aptopt=APT::Install-Recommends "false"', "--skip=output/dev", suite, str(archive), mirror]
     env = {**os.environ, "TMPDIR": str(archive.parent)}
     if run_streamed(cmd, progress, env) != 0:
         raise progress.fail("mmdebstrap failed")
 
 
-def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress) -> None:
+def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: Progress, suite: str = SUITE) -> None:
     """Writes a minbase rootfs tarball with `packages` by debootstrap, whose resolver
     cannot choose providers of virtual packages (mmdebstrap can)."""
     target = archive.parent / "rootfs"
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(target), mirror]
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(target), mirror]
     if run_streamed(cmd, progress) != 0:
         log = target / "debootstrap" / "debootstrap.log"
         if log.is_file():
@@ -288,7 +346,8 @@ def debootstrap_tar(packages: list[str], archive: Path, mirror: str, progress: P
 
 
 def rootfs_image(
-    client: docker.DockerClient, name: str, packages: list[str], progress: Progress, force: bool
+    client: docker.DockerClient, name: str, packages: list[str], progress: Progress, force: bool,
+    suite: str = SUITE,
 ) -> str:
     """A `docker import` of a Debian minbase rootfs holding `packages` (cached by tag).
 
@@ -297,7 +356,7 @@ def rootfs_image(
     """
     mirror = os.environ.get("NEXTSTATE_DEBIAN_MIRROR", DEFAULT_MIRROR)
     wanted = sorted(set(packages))
-    key = hashlib.sha256(f"{SUITE}\0minbase\0{' '.join(wanted)}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{suite}\0minbase\0{' '.join(wanted)}".encode()).hexdigest()[:16]
     tag = f"{REPO}/rootfs-{name}:{key}"
     if not force and image_info(client, tag):
         progress.say(f"rootfs {tag} already imported")
@@ -312,8 +371,8 @@ def rootfs_image(
     work = Path(tempfile.mkdtemp(prefix=f"nextstate-rootfs-{name}-", dir="/var/tmp"))
     try:
         archive = work / "rootfs.tar"
-        progress.say(f"{tool} {SUITE} from {mirror} with {len(wanted)} packages (takes minutes)")
-        (mmdebstrap_tar if tool == "mmdebstrap" else debootstrap_tar)(wanted, archive, mirror, progress)
+        progress.say(f"{tool} {suite} from {mirror} with {len(wanted)} packages (takes minutes)")
+        (mmdebstrap_tar if tool == "mmdebstrap" else debootstrap_tar)(wanted, archive, mirror, progress, suite)
         progress.say(f"docker import as {tag} ({archive.stat().st_size >> 20} MiB)")
         repo, _, key = tag.partition(":")
         client.api.import_image(str(archive), repository=repo, tag=key,
@@ -417,39 +476,69 @@ def build_image(
     tag: str,
     *,
     base: str | None = None,
+    dockerfile: str | os.PathLike[str] | None = None,
+    network: bool = False,
     client: docker.DockerClient | None = None,
     force: bool = False,
 ) -> str:
-    """Builds any Dockerfile directory on `base` (default: our terminal image); returns `tag`.
+    """Builds any Dockerfile directory (a task's image); returns `tag`.
 
-    `base` is a known image name or any image reference; it is passed as the
-    BASE build arg.  Cached by a hash of the directory and the base's image id.
-    Offline, a ``packages.txt`` in the directory is honoured when `base` is
-    one of ours (its chain is rebuilt on a rootfs that has them).
+    A Dockerfile that declares ``ARG BASE`` is built on `base` (a known image
+    name or any reference; default our terminal image), passed as the BASE
+    build arg.  ``FROM`` references the base image table maps
+    (:func:`base_images`) are replaced by their local images, built first
+    when they are ours.  `dockerfile` (default ``Dockerfile`` in the
+    directory; relative paths are to it) may lie anywhere.  Cached by a hash
+    of the directory, the Dockerfile as built and the image ids of its bases.
+    Offline the build has no network (``--network=none``) unless `network`,
+    and a ``packages.txt`` is honoured when `base` is ours (its chain is
+    rebuilt on a rootfs that has them).
     """
     client = client or connect()
     directory = Path(context_dir).resolve()
-    if not (directory / "Dockerfile").is_file():
-        raise ValueError(f"no Dockerfile in {directory}")
-    base = base or "terminal"
-    ours = known_name(base)
-    base_ref = build(ours, client=client).tag if ours else base
-    base_info = image_info(client, base_ref)
-    if base_info is None:
-        raise ValueError(f"base image {base_ref!r} not found")
-    digest = chain_hash([directory], base=base_info["Id"])
+    source = directory / (dockerfile or "Dockerfile")
+    if not source.is_file():
+        raise ValueError(f"no Dockerfile at {source}")
+    original = source.read_text()
+    text, mapped = resolve_from(original)
+    bases = {ref: (build(name, client=client).tag if (name := known_name(local)) else local)
+             for ref, local in mapped.items()}
+    base_arg = re.search(r"^\s*ARG\s+BASE\b", text, re.MULTILINE) is not None
+    ours = known_name(base or "terminal") if base_arg else None
+    base_ref = (build(ours, client=client).tag if ours else base) if base_arg else None
+    ids = []
+    for ref in [*bases.values(), *([base_ref] if base_ref else [])]:
+        info = image_info(client, ref)
+        if info is None:
+            raise ValueError(f"base image {ref!r} not found")
+        ids.append(info["Id"])
+    missing = [ref for ref in from_refs(text) if ref not in bases.values() and image_info(client, ref) is None]
+    if missing and is_offline(client):
+        raise ValueError(f"base image {missing[0]} is not here and cannot be pulled offline: map it to a "
+                         "local image in a base image table (NEXTSTATE_BASE_IMAGES; see containers/base-images.yaml)")
+    digest = chain_hash([directory], base="\0".join([text, *ids]))
     with build_lock(tag):
         old = image_info(client, tag)
         if not force and image_label(old, HASH_LABEL) == digest:
             return tag
         progress = Progress(tag)
         offline = is_offline(client)
-        progress.say(f"building {tag} from {directory} on {base_ref} {'offline' if offline else 'online'}")
+        on = [f"{ref} as {local}" for ref, local in bases.items()] + ([base_ref] if base_ref else [])
+        progress.say(f"building {tag} from {source} on {', '.join(on) or 'its own FROM'} "
+                     f"{'offline' if offline else 'online'}")
+        net = "none" if offline and not network else None
         if offline and ours and read_packages(directory):
             dirs = chain(image_dir(ours)) + [directory]
-            build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force)
+            build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force, network=net)
         else:
-            build_chain(client, [directory], tag, digest, progress, base=base_ref, offline=offline, force=force)
+            args = {**({"OFFLINE": "1"} if offline else {}), "BASE": base_ref} if base_ref else {}
+            with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
+                path = None  # the directory's own Dockerfile; else the rewritten one, sent with the context
+                if text != original or source != directory / "Dockerfile":
+                    path = Path(scratch) / "Dockerfile"
+                    path.write_text(text)
+                docker_build(client, directory, args, progress, tag=tag, labels={HASH_LABEL: digest},
+                             network=net, dockerfile=str(path) if path else None)
         finish(client, tag, old, progress)
     return tag
 

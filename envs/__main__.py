@@ -18,8 +18,15 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
     check.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],
                        help="sandbox backend (default: docker when available)")
+    check.add_argument("--user", help="run every task as this user (default: the task's own; "
+                       "root for terminal-bench and Harbor tasks)")
     args = parser.parse_args(argv)
-    checks = validate(args.family, args.tasks, parallel=args.parallel, backend=args.backend)
+    try:
+        checks = validate(args.family, args.tasks, parallel=args.parallel, backend=args.backend,
+                          env_kwargs={"user": args.user} if args.user else None)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     failed = sum(not c.ok for c in checks)
     print(f"{len(checks) - failed} passed, {failed} failed")
     return 1 if failed or not checks else 0

@@ -179,6 +179,13 @@ class NextStateEnv(gymnasium.Env):
         kw = {"image": cls.image, **cls.sandbox_defaults, **kwargs}
         return SandboxPool(kw.pop("image"), size=size, **kw)
 
+    @classmethod
+    def shared_pool(cls, tasks: list[Task], size: int, **kwargs: Any) -> SandboxPool | None:
+        """A pool of ``size`` warm sandboxes for ``tasks``, or None when none would be used: leasing
+        happens later, or no task runs in the family's image (a SWE-bench row names its own)."""
+        own = any(not isinstance(t.data, dict) or t.data.get("image", cls.image) == cls.image for t in tasks)
+        return cls.make_pool(size, **kwargs) if cls.lease_at_reset and own else None
+
     def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
                  max_steps: int | None = None, step_timeout: float = 30.0,
                  lease_timeout: float | None = 600.0, render_mode: str | None = None,

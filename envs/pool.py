@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from envs.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxError, SandboxSpec,
+from envs.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxConfigError, SandboxError, SandboxSpec,
                           warn_local_backend)
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class SandboxPool:
         self._starting = 0
         self._failures: collections.deque[str] = collections.deque(maxlen=5)
         self._closed = False
+        self._fatal: SandboxConfigError | None = None  # set when sandboxes cannot start as specified
         self._clients: list[Any] = []
         self._per_client: collections.Counter[int] = collections.Counter()
         if self.backend == "docker":
@@ -193,6 +194,14 @@ class SandboxPool:
             self._failures.append(str(e))
             with self._lock:
                 self._starting -= 1
+                if isinstance(e, SandboxConfigError):  # no retry can help: fail the waiting leases now
+                    self._fatal = e
+                    waiters = list(self._waiters)
+                    self._waiters.clear()
+            if isinstance(e, SandboxConfigError):
+                for w in waiters:
+                    w(None)
+                return
             if not self._closed:
                 time.sleep(min(5.0, 0.5 * len(self._failures)))
                 self._spawn()
@@ -230,6 +239,8 @@ class SandboxPool:
         with self._lock:
             if self._closed:
                 raise PoolClosed("the sandbox pool is closed")
+            if self._fatal is not None and not self._ready:
+                raise SandboxConfigError(str(self._fatal))
             if self._ready:
                 sb = self._ready.popleft()
                 self._leased.add(sb)
@@ -264,6 +275,8 @@ class SandboxPool:
                     event.set()
                     raise PoolTimeout(self._timeout_message(timeout))
         if not got:
+            if self._fatal is not None:
+                raise SandboxConfigError(str(self._fatal))
             raise PoolClosed("the sandbox pool was closed while waiting")
         return got[0]
 
@@ -278,7 +291,8 @@ class SandboxPool:
         def deliver(s: Sandbox | None) -> None:
             if s is None:
                 if not fut.done():
-                    fut.set_exception(PoolClosed("the sandbox pool was closed while waiting"))
+                    fut.set_exception(SandboxConfigError(str(self._fatal)) if self._fatal is not None
+                                      else PoolClosed("the sandbox pool was closed while waiting"))
             elif fut.done():  # cancelled meanwhile: give it back
                 with self._lock:
                     self._leased.discard(s)

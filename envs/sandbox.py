@@ -71,9 +71,23 @@ class SandboxError(RuntimeError):
     """
 
 
+class SandboxConfigError(SandboxError):
+    """The sandbox cannot start as specified (e.g. its image has no such user); retrying will not help."""
+
+
+# Docker's default capabilities but NET_RAW: what a root user needs to act as root
+# (write others' files, chown, apt-get's privilege drop); other users get none.
+ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+             "NET_BIND_SERVICE", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
+
+
 @dataclass
 class SandboxSpec:
-    """How to make a sandbox. Safe by default: no network, no root, limits on."""
+    """How to make a sandbox. Safe by default: no network, no root, limits on.
+
+    ``user`` is a name or uid in the image; ``root`` (or ``0``) keeps Docker's
+    default capabilities, any other user has none.
+    """
 
     image: str = DEFAULT_IMAGE
     network: bool = False
@@ -369,14 +383,24 @@ class DockerSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str]):
         super().__init__(spec)
         self.client = client
-        self.container = client.containers.run(
+        self.container = client.containers.create(
             spec.image, spec.command, detach=True, init=True,
             labels=labels, user=spec.user, working_dir=spec.workdir,
             environment=spec.env, network_mode="bridge" if spec.network else "none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
+            security_opt=["no-new-privileges"],
             pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
             nano_cpus=int(spec.cpus * 1e9), auto_remove=False,
         )
+        try:
+            self.container.start()
+        except Exception as e:
+            self._dispose()
+            if "unable to find user" in str(e) or "no matching entries in passwd" in str(e):
+                raise SandboxConfigError(
+                    f"image {spec.image} has no user {spec.user!r}: set `user` in the task file or "
+                    "the config (e.g. root), or add the user to the image") from None
+            raise
         self.id = self.container.id[:12]
         self._sock: socket.socket | None = None
         self._buf = b""

@@ -22,6 +22,7 @@ from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult
 from envs.sandbox import SandboxError
 from envs.swe_grading import Grade, grade, summary
+from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME
 from envs.swe_instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
                                 harness_image, is_offline, load_instances, sandbox_user)
 from envs.validate import check_oracles, register_validator
@@ -41,8 +42,8 @@ modify the existing tests.
 {issue}
 </issue>
 {hints}
-Use `bash` to explore and run code (a persistent shell that starts in {testbed}) and \
-`str_replace_editor` to view and edit files. Call `submit` when you are done: the diff of \
+Use `bash` to explore and run code (a persistent shell that starts in {testbed}{env}) and \
+`str_replace_editor` to view and edit files.{tests} Call `submit` when you are done: the diff of \
 {testbed} against the base commit is what gets graded."""
 
 
@@ -50,9 +51,27 @@ def instance_task(instance: dict[str, Any], show_hints: bool = False) -> Task:
     """The task for one SWE-bench instance (``data`` holds the whole instance)."""
     hints = instance.get("hints_text") or ""
     hint_block = f"\n<hints>\n{hints.strip()}\n</hints>\n" if show_hints and hints.strip() else ""
+    test_cmd = test_command(instance)
+    env = "" if is_offline(instance) else f", with the repository's Python env `{ENV_NAME}` activated"
+    tests = (f" The repository's tests run with `{test_cmd}` (add test files or node ids to narrow it)."
+             if test_cmd else "")
     text = INSTRUCTION.format(repo=instance["repo"], testbed=TESTBED, commit=instance["base_commit"][:12],
-                              issue=instance["problem_statement"].strip(), hints=hint_block)
+                              issue=instance["problem_statement"].strip(), hints=hint_block, env=env,
+                              tests=tests)
     return Task(instance["instance_id"], text, dict(instance), category=instance["repo"])
+
+
+def test_command(instance: dict[str, Any]) -> str | None:
+    """The test command of the instance's eval script (the line after swebench's start marker), files dropped."""
+    from swebench.harness.constants import START_TEST_OUTPUT
+
+    lines = (instance.get("eval_script") or "").splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if START_TEST_OUTPUT in line:
+            words = lines[i + 1].split()
+            kept = [w for w in words if not ("/" in w or w.endswith(".py") or "::" in w)]
+            return " ".join(kept) or None
+    return None
 
 
 def cap(text: str, limit: int) -> str:
@@ -69,6 +88,9 @@ class SWEEnv(NextStateEnv):
     Args (besides :class:`~envs.base.NextStateEnv`'s):
         grade_timeout: seconds the instance's test run may take.
         grader_memory: memory limit of the grading container.
+        grade_network: whether the grading container has network (default True, as swebench's
+            harness grades: its eval scripts reinstall the repository with pip). A row's own
+            ``grade_network`` field overrides it for that instance.
         max_output_chars: observations are cut to this many characters.
         show_hints: include the instance's ``hints_text`` in the instruction.
     """
@@ -100,12 +122,13 @@ class SWEEnv(NextStateEnv):
     ]
 
     def __init__(self, tasks: Any = None, *, grade_timeout: float = 1800.0, grader_memory: str = "2g",
-                 max_output_chars: int = 16000, show_hints: bool = False, **kwargs: Any):
+                 grade_network: bool = True, max_output_chars: int = 16000, show_hints: bool = False, **kwargs: Any):
         self.show_hints = show_hints
         kwargs.setdefault("backend", "docker")
         super().__init__(tasks, **kwargs)
         self.grade_timeout = grade_timeout
         self.grader_memory = grader_memory
+        self.grade_network = grade_network
         self.max_output_chars = max_output_chars
         self.submitted = False
         self._run_id = uuid.uuid4().hex[:12]
@@ -121,7 +144,7 @@ class SWEEnv(NextStateEnv):
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
         instance = task.data
         image = harness_image(instance)
-        ensure_image(image)
+        ensure_image(image, instance["instance_id"])
         overrides = {"image": image, "user": sandbox_user(instance)}
         if not is_offline(instance):
             overrides["workdir"] = TESTBED
@@ -135,6 +158,8 @@ class SWEEnv(NextStateEnv):
         if not ready.ok:
             raise SandboxError(f"could not check out {task.data['repo']} at "
                                f"{task.data['base_commit'][:12]}: {ready.output[-500:]}")
+        if not is_offline(task.data):  # the shell starts inside the instance's env, as SWE-bench's harness does
+            self.sandbox.run(f"if [ -f {CONDA}/bin/activate ]; then {ACTIVATE}; fi; cd {TESTBED}", timeout=60)
         return None
 
     def call_tool(self, call: ToolCall) -> ToolResult:
@@ -174,8 +199,9 @@ class SWEEnv(NextStateEnv):
             import containers
             self._client = containers.connect()
         run_id = self.pool.run_id if self.pool is not None else self._run_id
+        network = instance.get("grade_network", self.grade_network)
         return grade(instance, patch, client=self._client, run_id=run_id, timeout=self.grade_timeout,
-                     memory=self.grader_memory)
+                     memory=self.grader_memory, network=bool(network))
 
     # -- the episode's patch ------------------------------------------------------------------------
     def model_patch(self) -> tuple[str, str | None]:

@@ -44,14 +44,15 @@ class Grade:
 
 
 def grade(instance: dict[str, Any], patch: str, *, client: Any, run_id: str,
-          timeout: float = 1800.0, memory: str = "2g", cpus: float = 1.0) -> Grade:
-    """Grades ``patch`` (``""``: the base commit as it is) in a new container on ``client``."""
+          timeout: float = 1800.0, memory: str = "2g", cpus: float = 1.0, network: bool = True) -> Grade:
+    """Grades ``patch`` (``""``: the base commit as it is) in a new container on ``client``
+    (with network by default, as swebench's harness grades)."""
     import docker
 
     import containers
 
     spec = make_test_spec(instance)
-    sandbox_spec = SandboxSpec(image=spec.image, user=sandbox_user(instance), workdir="/",
+    sandbox_spec = SandboxSpec(image=spec.image, user=sandbox_user(instance), workdir="/", network=network,
                                memory=memory, cpus=cpus, pids_limit=1024, default_timeout=120)
     start = time.monotonic()
     try:

@@ -3,9 +3,11 @@
 Instances use SWE-bench's schema (``instance_id``, ``repo``, ``base_commit``,
 ``problem_statement``, ``hints_text``, ``patch``, ``test_patch``,
 ``FAIL_TO_PASS``, ``PASS_TO_PASS`` as JSON-encoded lists or lists,
-``version``, ``environment_setup_commit``, ``created_at``) plus the fields
-with which swebench 5 grades an instance: ``image``, ``eval_script``,
-``log_parser`` and ``eval_type``.
+``version``, ``environment_setup_commit``, ``created_at``). The fields with
+which swebench 5 grades an instance (``image``, ``eval_script``,
+``log_parser``, ``eval_type``) are used when a row has them and otherwise
+derived the way SWE-bench derives them (:mod:`envs.swe_specs`); the images of
+plain rows are built by ``python -m containers build-swe``.
 
 The built-in set (``envs/tasks/swe/instances.jsonl``) runs offline: its
 repositories are made by ``containers/swe`` into the image
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import read_rows
+from envs.swe_specs import check_row, complete_row
 
 BUILTIN = Path(__file__).parent / "tasks" / "swe" / "instances.jsonl"
 OFFLINE_IMAGE = "nextstate/swe:latest"
@@ -64,10 +67,11 @@ def load_instances(source: Any = None) -> list[dict[str, Any]]:
         else:
             rows = _load_dataset(str(source))
     for row in rows:
+        check_row(row)
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             raise InstanceError(f"instance {row.get('instance_id', '?')} lacks {', '.join(missing)}")
-    return rows
+    return [complete_row(row) for row in rows]
 
 
 def _load_dataset(name: str) -> list[dict[str, Any]]:
@@ -94,9 +98,8 @@ def harness_image(instance: dict[str, Any]) -> str:
     missing = [k for k in HARNESS_FIELDS if not instance.get(k)]
     if missing:
         raise InstanceError(
-            f"instance {instance['instance_id']} has no {', '.join(missing)}: swebench 5 grades "
-            "with the image, eval_script, log_parser and eval_type that current SWE-bench "
-            "datasets carry per instance, and this row has the older layout")
+            f"instance {instance['instance_id']} has no {', '.join(missing)}: load it with "
+            "load_instances, which derives them from the row")
     return instance["image"]
 
 
@@ -133,7 +136,7 @@ def checkout_command(instance: dict[str, Any]) -> str:
             f"git -c advice.detachedHead=false checkout -q {base}; }}")
 
 
-def ensure_image(image: str) -> None:
+def ensure_image(image: str, instance_id: str = "INSTANCE_ID") -> None:
     """Make sure ``image`` is on the Docker engine: build ours, pull others, else a clear error."""
     with _image_lock:
         if image in _checked_images:
@@ -154,9 +157,10 @@ def ensure_image(image: str) -> None:
                         client.images.pull(image)
                     except docker.errors.DockerException as e:
                         raise InstanceError(
-                            f"image {image} is not on this Docker engine and cannot be pulled "
-                            f"({str(e)[:200]}); build it with swebench's image builder, or pull "
-                            "it where a registry is reachable") from None
+                            f"image {image} is not on this Docker engine and pulling it failed; build it "
+                            f"with `python -m containers build-swe --tasks ROWS --ids {instance_id}` "
+                            "(--repo-source DIR without GitHub access). Docker said: "
+                            f"{' '.join(str(e).split())}") from None
         finally:
             client.close()
         _checked_images.add(image)

@@ -1,72 +1,228 @@
-"""Terminal tasks: a shell in a sandbox, graded by the task's hidden pytest tests.
+"""Terminal tasks: a shell in a sandbox, graded by the task's hidden tests.
 
-Tasks use the terminal-bench task-directory format: a directory per task with
-``task.yaml`` (``instruction``, ``difficulty``, ``category``, ``tags``,
-``max_agent_timeout_sec``, ``max_test_timeout_sec``, optional ``network``),
-an optional ``Dockerfile`` (``ARG BASE=nextstate/terminal:latest`` /
-``FROM ${BASE}``; built on first use), ``run-tests.sh``, ``tests/`` and
-``solution.sh``. The tests enter the sandbox only at grading time.
+Task directories of two formats load as written:
+
+* **terminal-bench**: ``task.yaml`` (``instruction``, ``difficulty``,
+  ``category``, ``tags``, ``max_agent_timeout_sec``, ``max_test_timeout_sec``,
+  optional ``network`` and ``user``), a ``Dockerfile`` or a
+  ``docker-compose.yaml`` (the agent's service: its build context, Dockerfile,
+  environment and user), ``run-tests.sh``, ``tests/`` and ``solution.sh`` or
+  ``solution.yaml`` (commands typed into a tmux pane).
+* **Harbor** (terminal-bench 2.0): ``task.toml`` (``[agent]``/``[verifier]``
+  ``timeout_sec``, ``[environment]`` ``allow_internet``, ``memory_mb``,
+  ``cpus``), ``instruction.md``, ``environment/`` (``Dockerfile`` or
+  ``docker-compose.yaml``), ``tests/test.sh`` (writes
+  ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh``.
+
+nextstate's own tasks (the built-in set) are terminal-bench tasks whose
+Dockerfile, if any, builds on ``ARG BASE=nextstate/terminal:latest`` /
+``FROM ${BASE}``.
+
+Images are built on first use; ``FROM`` references that cannot be pulled here
+(``ghcr.io/laude-institute/t-bench/*``) are mapped to local images by
+``containers/base-images.yaml``. Harbor tasks and tasks with an image of their
+own (not built on ``${BASE}``) run as root, as terminal-bench and Harbor run
+them; the others run as the sandbox's ``agent``; ``user`` in the task file (or
+the compose service) and the env's ``user`` argument (which wins) say
+otherwise. The tests enter the sandbox only at grading time, at ``/tests``
+(``TEST_DIR``), and run as the task's user.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import math
 import os
 import re
+import shlex
 import threading
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from envs import procedural
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
-from envs.sandbox import Sandbox, SandboxError
+from envs.sandbox import CommandResult, Sandbox, SandboxError
 
 BUILTIN_TASKS = Path(__file__).parent / "tasks" / "terminal"
-TEST_DIR = "/tmp/tests"
+TEST_DIR = "/tests"
+FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
+REWARD_DIR = "/logs/verifier"
 DEFAULT_TEST_TIMEOUT = 60.0
 DEFAULT_RUN_TESTS = '#!/bin/bash\npython3 -m pytest "$TEST_DIR" -rA\n'
+TMUX_SESSION = "ns"
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) +(\S+)", re.M)
-_TEST_DIR_PREFIX = re.compile(r"^(\.\./)*/?" + re.escape(TEST_DIR.lstrip("/") + "/"))
-_YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network")
+_TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
+# A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
+_DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\bapt(-get)? (update|install))",
+                        re.M)
+# pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
+_PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
+_YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user")
+# docker-compose variables terminal-bench and Harbor set, as this environment lays the sandbox out.
+_COMPOSE_VARS = {"T_BENCH_TEST_DIR": TEST_DIR, "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
+                 "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs"}
 _build_lock = threading.Lock()
-_built: dict[str, str] = {}
+_built: dict[str, tuple[str, str] | Exception] = {}
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_terminal_tasks(path: str | os.PathLike[str]) -> list[Task]:
+def is_task_dir(d: Path) -> bool:
+    """Whether ``d`` is a terminal-bench (``task.yaml``) or Harbor (``task.toml``) task."""
+    return (d / "task.yaml").is_file() or (d / "task.toml").is_file()
+
+
+def load_terminal_tasks(path: str | os.PathLike[str],
+                        broken: list[tuple[str, str]] | None = None) -> list[Task]:
     """Tasks from a task directory, a directory of them, or a JSONL/parquet index.
 
     Index rows either point to a task directory (``path``, relative to the
     index file) or embed the task: ``id``, ``instruction``, ``tests``
     (``{file name: text}``, or the text of ``test_outputs.py``), and
     optionally ``run_tests``, ``solution`` and the ``task.yaml`` fields.
+    With ``broken``, a task directory that cannot be read is appended to it as
+    ``(name, reason)`` instead of raising.
     """
     path = Path(path)
     if path.is_file():
         return [_task_from_row(row, path.parent, f"{path}:{i + 1}")
                 for i, row in enumerate(read_rows(path))]
-    if (path / "task.yaml").is_file():
-        return [_task_from_dir(path)]
-    if not path.is_dir():
+    if is_task_dir(path):
+        dirs = [path]
+    elif path.is_dir():
+        dirs = [d for d in sorted(path.iterdir()) if is_task_dir(d)]
+    else:
         raise FileNotFoundError(f"no terminal tasks at {path}")
-    return [_task_from_dir(d) for d in sorted(path.iterdir()) if (d / "task.yaml").is_file()]
+    tasks = []
+    for d in dirs:
+        try:
+            tasks.append(_task_from_dir(d))
+        except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+            if broken is None:
+                raise
+            broken.append((d.name, f"{type(e).__name__}: {e}"))
+    return tasks
 
 
 def _task_from_dir(d: Path) -> Task:
+    d = d.resolve()
+    data: dict[str, Any] = {"dir": str(d), "tests": {}, "build": None, "image_ref": None, "env": {},
+                            "services": [], "solution": None, "solution_keys": None}
+    if (d / "task.toml").is_file() and not (d / "task.yaml").is_file():
+        data["user"] = "root"  # as Harbor runs its tasks
+        return _harbor_task(d, data)
     meta = yaml.safe_load((d / "task.yaml").read_text()) or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"{d / 'task.yaml'} is not a mapping")
     instruction = meta.get("instruction") or next(
         (x.get("description") for x in meta.get("descriptions") or []), None)
     if not instruction:
         raise ValueError(f"{d / 'task.yaml'} has no instruction")
+    data["format"] = "terminal-bench"
+    _environment(d, data)
+    if data["image_ref"] or (data["build"] and not _builds_on_base_arg(data["build"])):
+        data["user"] = "root"  # terminal-bench's images (not ours: `ARG BASE=nextstate/...`) run as root
+    data.update({k: meta[k] for k in _YAML_FIELDS if meta.get(k) is not None})
     run_tests = d / "run-tests.sh"
-    solution = d / "solution.sh"
-    data = {k: meta[k] for k in _YAML_FIELDS if k in meta}
-    data.update(dir=str(d.resolve()), dockerfile=(d / "Dockerfile").is_file(), tests={},
-                run_tests=run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS,
-                solution=solution.read_text() if solution.is_file() else None)
-    return Task(d.name, instruction.strip(), data, str(meta.get("category", "")))
+    data["run_tests"] = run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS
+    if (d / "solution.sh").is_file():
+        data["solution"] = (d / "solution.sh").read_text()
+    elif (d / "solution.yaml").is_file():
+        data["solution_keys"] = _solution_yaml(d / "solution.yaml")
+    return Task(d.name, str(instruction).strip(), data, str(meta.get("category", "")))
+
+
+def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
+    meta = tomllib.loads((d / "task.toml").read_text())
+    if not (d / "instruction.md").is_file():
+        raise ValueError(f"{d} has task.toml but no instruction.md")
+    instruction = (d / "instruction.md").read_text().strip()
+    about, env = meta.get("metadata") or {}, meta.get("environment") or {}
+    data["format"] = "harbor"
+    _environment(d / "environment", data)
+    fields = {"difficulty": about.get("difficulty"), "tags": about.get("tags"),
+              "max_agent_timeout_sec": (meta.get("agent") or {}).get("timeout_sec"),
+              "max_test_timeout_sec": (meta.get("verifier") or {}).get("timeout_sec"),
+              "network": env.get("allow_internet"), "user": meta.get("user") or env.get("user"),
+              "memory": f"{int(env['memory_mb'])}m" if env.get("memory_mb") else None,
+              "cpus": float(env["cpus"]) if env.get("cpus") else None,
+              "verifier_env": (meta.get("verifier") or {}).get("env") or {}}
+    data.update({k: v for k, v in fields.items() if v is not None})
+    test_sh = d / "tests" / "test.sh"
+    data["run_tests"] = test_sh.read_text() if test_sh.is_file() else None
+    solution = d / "solution"
+    if (solution / "solve.sh").is_file():
+        data["solution"] = (solution / "solve.sh").read_text()
+        data["solution_dir"] = str(solution)
+    return Task(d.name, instruction, data, str(about.get("category", "")))
+
+
+def _environment(d: Path, data: dict[str, Any]) -> None:
+    """The image of a task from its directory: a docker-compose.yaml's agent service, else a Dockerfile."""
+    compose = d / "docker-compose.yaml" if (d / "docker-compose.yaml").is_file() else None
+    if compose is None:
+        if (d / "Dockerfile").is_file():
+            data["build"] = {"context": str(d), "dockerfile": None}
+        return
+    spec = yaml.safe_load(compose.read_text()) or {}
+    services = spec.get("services") or {}
+    if not isinstance(services, dict) or not services:
+        raise ValueError(f"{compose} has no services")
+    name = next((n for n in ("client", "main") if n in services), next(iter(services)))
+    svc = _substitute(services[name] or {}, {**_COMPOSE_VARS, "CONTEXT_DIR": str(d)})
+    build = svc.get("build")
+    if isinstance(build, str):
+        build = {"context": build}
+    if isinstance(build, dict):
+        context = (d / (build.get("context") or ".")).resolve()
+        data["build"] = {"context": str(context), "dockerfile": build.get("dockerfile")}
+    elif svc.get("image"):
+        data["image_ref"] = svc["image"]
+    elif (d / "Dockerfile").is_file():
+        data["build"] = {"context": str(d), "dockerfile": None}
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in map(str, env))
+    data["env"] = {str(k): str(v) for k, v in env.items() if v not in (None, "")}
+    if svc.get("user") is not None:
+        data["user"] = str(svc["user"])
+    data["services"] = [n for n in services if n != name]
+    data["service"] = name
+
+
+def _builds_on_base_arg(build: dict[str, Any]) -> bool:
+    """Whether a task's Dockerfile builds on nextstate's image (``ARG BASE`` / ``FROM ${BASE}``)."""
+    text = (Path(build["context"]) / (build.get("dockerfile") or "Dockerfile")).read_text()
+    return re.search(r"^\s*FROM\s+\$\{?BASE\b", text, re.M | re.I) is not None
+
+
+def _substitute(value: Any, known: dict[str, str]) -> Any:
+    """``${VAR}`` / ``${VAR:-default}`` in a compose value: ``known``, else the default, else ''."""
+    if isinstance(value, dict):
+        return {k: _substitute(v, known) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, known) for v in value]
+    if not isinstance(value, str):
+        return value
+    return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: known.get(m.group(1), m.group(2) or ""), value)
+
+
+def _solution_yaml(path: Path) -> list[dict[str, Any]]:
+    """terminal-bench's ``solution.yaml``: a list of ``command`` (keystrokes), ``block``,
+    ``append_enter``, ``min_timeout_sec``, ``max_timeout_sec``."""
+    steps = yaml.safe_load(path.read_text()) or []
+    if not isinstance(steps, list) or not all(isinstance(s, dict) and "command" in s for s in steps):
+        raise ValueError(f"{path}: expected a list of {{command: ...}} entries")
+    return [{"command": str(s["command"]), "block": bool(s.get("block", False)),
+             "append_enter": bool(s.get("append_enter", True)),
+             "min_timeout_sec": float(s.get("min_timeout_sec") or 0.1),
+             "max_timeout_sec": float(s.get("max_timeout_sec") or 180.0)} for s in steps]
 
 
 def _task_from_row(row: dict[str, Any], base: Path, where: str) -> Task:
@@ -82,21 +238,41 @@ def _task_from_row(row: dict[str, Any], base: Path, where: str) -> Task:
     if isinstance(tests, str):
         tests = {"test_outputs.py": tests}
     data = {k: row[k] for k in _YAML_FIELDS if row.get(k) is not None}
-    data.update(dir=None, dockerfile=False, tests=dict(tests),
-                run_tests=row.get("run_tests") or DEFAULT_RUN_TESTS, solution=row.get("solution"))
+    data.update(format="terminal-bench", dir=None, build=None, image_ref=None, env={}, services=[],
+                tests=dict(tests), run_tests=row.get("run_tests") or DEFAULT_RUN_TESTS,
+                solution=row.get("solution"), solution_keys=None)
     return Task(str(task_id), str(instruction).strip(), data, str(row.get("category") or ""))
 
 
-def task_image(task: Task) -> str | None:
-    """The image of a task with its own Dockerfile (built once per process), else None."""
-    if not task.data.get("dockerfile"):
+def task_image(task: Task) -> tuple[str, str] | None:
+    """``(image, its working directory)`` of a task with its own image (built once per
+    process; a failed build fails again without retrying), else None."""
+    build, ref = task.data.get("build"), task.data.get("image_ref")
+    if not build and not ref:
         return None
     import containers
+    from containers.build import known_name, local_base
+    key = json.dumps([build, ref])
     with _build_lock:
-        if task.data["dir"] not in _built:
-            slug = re.sub(r"[^a-z0-9_.-]+", "-", task.id.lower()).strip("-.") or "task"
-            _built[task.data["dir"]] = containers.build_image(task.data["dir"], f"nextstate/task-{slug}:latest")
-        return _built[task.data["dir"]]
+        if key not in _built:
+            try:
+                if build:
+                    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+                    slug = re.sub(r"[^a-z0-9_.-]+", "-", task.id.lower()).strip("-.") or "task"
+                    image = containers.build_image(build["context"], f"nextstate/task-{slug}-{digest}:latest",
+                                                   dockerfile=build.get("dockerfile"),
+                                                   network=bool(task.data.get("network")))
+                else:
+                    local = local_base(ref) or ref
+                    image = containers.ensure_image(name) if (name := known_name(local)) else local
+                config = containers.connect().api.inspect_image(image).get("Config") or {}
+                _built[key] = (image, config.get("WorkingDir") or "")
+            except Exception as e:  # noqa: BLE001 -- remembered, raised for every episode of the task
+                _built[key] = e
+        found = _built[key]
+    if isinstance(found, Exception):
+        raise found
+    return found
 
 
 # -- grading -------------------------------------------------------------------------------
@@ -112,41 +288,188 @@ def parse_pytest_summary(text: str) -> dict[str, str]:
     return tests
 
 
-def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
-    """Install the task's tests at ``TEST_DIR``, run ``run-tests.sh``, score ``2 * passed/total - 1``."""
-    data = task.data
+@functools.cache
+def _registry_unreachable() -> bool:
+    """Whether downloads fail here (``NEXTSTATE_OFFLINE``, else a registry probe; once per process)."""
     try:
-        sandbox.run(f"rm -rf {TEST_DIR} {TEST_LOG}", timeout=30)
+        import containers
+        from containers.build import is_offline
+        return is_offline(containers.connect())
+    except Exception:  # noqa: BLE001 -- no engine to ask: assume the worst
+        return True
+
+
+def _harbor_reward(sandbox: Sandbox) -> tuple[float | None, dict[str, Any]]:
+    """Harbor's reward: ``reward.txt`` (a number) or ``reward.json`` (``reward``, else the
+    mean of its numbers), and the raw values."""
+    for name in ("reward.txt", "reward.json"):
+        try:
+            raw = sandbox.read_file(f"{REWARD_DIR}/{name}").decode(errors="replace").strip()
+        except FileNotFoundError:
+            continue
+        try:
+            if name == "reward.txt":
+                return float(raw), {"reward_file": name}
+            values = json.loads(raw)
+            if isinstance(values, (int, float)):
+                return float(values), {"reward_file": name}
+            numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+            value = numbers.get("reward", sum(numbers.values()) / len(numbers) if numbers else None)
+            return value, {"reward_file": name, "rewards": numbers}
+        except (ValueError, AttributeError, TypeError):
+            return None, {"reward_file": name, "reason": f"{name} is not a reward: {raw[:200]!r}"}
+    return None, {"reason": f"the tests wrote no {REWARD_DIR}/reward.txt or reward.json"}
+
+
+def harbor_outcome(reward: float) -> float:
+    """Harbor's reward (1 pass, 0 fail, fractions between) as an outcome in [-1, 1]: ``2r - 1``."""
+    return max(-1.0, min(1.0, 2.0 * reward - 1.0))
+
+
+def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
+    """For a test script that downloads (uv, pip, apt-get, curl) where nothing can be
+    downloaded: ``python3 -m pytest $TEST_DIR/test_outputs.py -rA`` and why (else None).
+    A Harbor task's fallback writes ``reward.txt`` as test.sh would (1 when pytest passes)."""
+    harbor = task.data.get("format") == "harbor"
+    script, name = task.data.get("run_tests"), "tests/test.sh" if harbor else "run-tests.sh"
+    if script is None:
+        why = f"the task has no {name}"
+    elif _DOWNLOADS.search(script) and (not sandbox.spec.network or _registry_unreachable()):
+        why = f"{name} downloads (uv, pip, apt-get or curl), which cannot work here, and ran no tests"
+    else:
+        return None
+    command = f"python3 -m pytest {'$TEST_DIR/test_outputs.py' if _has_test_outputs(task) else '$TEST_DIR'} -rA"
+    why += f": ran `{command}` instead"
+    if harbor:
+        command += f"; rc=$?; [ $rc = 0 ] && r=1 || r=0; echo $r > {REWARD_DIR}/reward.txt; exit $rc"
+    return command, why
+
+
+def _has_test_outputs(task: Task) -> bool:
+    """Whether the task's tests include ``test_outputs.py``."""
+    d = task.data.get("dir")
+    return ("test_outputs.py" in task.data.get("tests", {})
+            or bool(d and (Path(d) / "tests" / "test_outputs.py").is_file()))
+
+
+def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
+    """Install the tests at ``/tests`` and run them as the task's user.
+
+    terminal-bench: ``run-tests.sh``, scored ``2 * passed/total - 1`` from pytest's
+    summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
+    """
+    data, harbor = task.data, task.data.get("format") == "harbor"
+    # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
+    prepare = (f"d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d" if sandbox.backend == "local" else
+               f"rm -rf {REWARD_DIR}; mkdir -p {REWARD_DIR}; d={TEST_DIR}; rm -rf $d 2>/dev/null; "
+               f"mkdir -p $d 2>/dev/null && [ -w $d ] || {{ d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d; }}")
+    try:
+        found = sandbox.run(f"rm -f {TEST_LOG}; {prepare}; echo $d", timeout=30)
+        test_dir = (found.stdout.strip().splitlines() or [FALLBACK_TEST_DIR])[-1]
         if data.get("dir") and (Path(data["dir"]) / "tests").is_dir():
-            sandbox.copy_in(Path(data["dir"]) / "tests", TEST_DIR)
+            sandbox.copy_in(Path(data["dir"]) / "tests", test_dir)
         for name, text in data.get("tests", {}).items():
-            sandbox.write_file(f"{TEST_DIR}/{name}", text)
-        sandbox.write_file(f"{TEST_DIR}/run-tests.sh", data.get("run_tests") or DEFAULT_RUN_TESTS, 0o755)
+            sandbox.write_file(f"{test_dir}/{name}", text)
+        if not harbor:
+            sandbox.write_file(f"{test_dir}/run-tests.sh", data.get("run_tests") or DEFAULT_RUN_TESTS, 0o755)
     except SandboxError as e:
         if not sandbox.is_alive():
             raise
         return Outcome(-1.0, {"reason": f"could not install the tests: {e}", "tests": {}})
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
-    run = sandbox.run(f"(cd {sandbox.spec.workdir} && TEST_DIR={TEST_DIR} bash --noprofile --norc "
-                      f"{TEST_DIR}/run-tests.sh) >{TEST_LOG} 2>&1", timeout=timeout)
+
+    def run_tests(command: str) -> CommandResult:
+        return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
+                           f">{TEST_LOG} 2>&1", timeout=timeout)
+
+    script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
+    fallback = _fallback_command(sandbox, task)
+    run = None
+    if data.get("run_tests") is not None:
+        run = run_tests(f"bash --noprofile --norc {script}")
+        if fallback and not (run.timed_out or sandbox.run(
+                f"grep -qE {shlex.quote(_PYTEST_RAN)} {TEST_LOG}", timeout=30).exit_code):
+            fallback = None  # the script ran its tests after all
+    if fallback:
+        sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
+        run = run_tests(fallback[0])
+    assert run is not None
     # Only the last summary section counts: output the agent's code printed comes before it.
     summary = sandbox.run(f"tac {TEST_LOG} | sed '/short test summary info/q' | tac", timeout=30)
     tests = parse_pytest_summary(summary.stdout)
     passed = sum(v == "passed" for v in tests.values())
     details: dict[str, Any] = {"tests": tests, "passed": passed, "total": len(tests),
                                "exit_code": run.exit_code, "timed_out": run.timed_out}
+    if fallback:
+        details["tests_fallback"] = fallback[1]
+    if harbor:
+        reward, extra = _harbor_reward(sandbox)
+        details.update(extra)
+        if reward is None or not math.isfinite(reward):
+            details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
+            return Outcome(-1.0, details)
+        details["harbor_reward"] = reward
+        if reward < 1:
+            details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+        return Outcome(harbor_outcome(reward), details)
     if passed < len(tests) or not tests:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
     if not tests:
-        why = "the tests timed out" if run.timed_out else f"run-tests.sh exited with {run.exit_code}"
+        why = "the tests timed out" if run.timed_out else f"the test script exited with {run.exit_code}"
         details["reason"] = f"no pytest results found ({why})"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
 
 
+# -- tmux ------------------------------------------------------------------------------------
+def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, timeout: float = 30.0,
+                capture: bool = True) -> str:
+    """Shell that types ``keys`` into the sandbox's tmux pane (made on first use) and prints the screen.
+
+    Each key is a tmux key name (``Enter``, ``C-c``, ``Escape``, ``Up``...) or literal
+    text, as ``tmux send-keys`` takes them. ``block``: the keys are a command line;
+    wait until it finishes (at most ``timeout`` s) instead of ``wait`` s.
+    """
+    s = TMUX_SESSION
+    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1"]
+    if block:
+        keys = [*keys, f"; tmux wait-for -S {s}-done", "Enter"]
+    lines.append(f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in keys)}")
+    lines.append(f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}")
+    if capture:
+        lines.append(f"tmux capture-pane -p -t {s} | sed -e :a -e '/^\\n*$/{{$d;N;ba' -e '}}'")
+    return "(\n" + "\n".join(lines) + "\n)"  # a subshell: `exit` must not end the sandbox's shell
+
+
+def solution_keys_script(steps: list[dict[str, Any]]) -> str:
+    """Shell that plays terminal-bench's ``solution.yaml`` in the tmux pane."""
+    parts = [tmux_script([s["command"], *(["Enter"] if s["append_enter"] else [])], wait=s["min_timeout_sec"],
+                         block=s["block"], timeout=s["max_timeout_sec"], capture=False) for s in steps]
+    return "\n".join(parts) + f"\ntmux capture-pane -p -t {TMUX_SESSION}"
+
+
+TMUX_TOOL = tool_schema(
+    "tmux", "Type keystrokes into an interactive terminal (a tmux pane, for programs such as vim, "
+    "less or a REPL) and return its screen. Each key is literal text or a tmux key name "
+    "(Enter, C-c, Escape, Up, Tab...).",
+    {"keys": {"type": ["array", "string"], "items": {"type": "string"},
+              "description": "The keys to send, in order, e.g. [\"ls -la\", \"Enter\"]."},
+     "wait": ("number", "Seconds to wait before reading the screen (default 1)."),
+     "block": ("boolean", "The keys are a command line: wait until it finishes (optional).")},
+    required=["keys"])
+
+
 # -- the environment -------------------------------------------------------------------------
 class TerminalEnv(NextStateEnv):
-    """A persistent shell in a sandbox; ``finish`` (or the step limit) runs the hidden tests."""
+    """A persistent shell in a sandbox; ``finish`` (or the step limit) runs the hidden tests.
+
+    Args (besides :class:`~envs.base.NextStateEnv`'s):
+        user: run every task as this user (default: the task's, see the module doc).
+        tmux: also offer the ``tmux`` tool (keystrokes into a tmux pane, the screen back),
+            the way terminal-bench's Terminus agent acts.
+    """
 
     family = "terminal"
     default_max_steps = 10
@@ -162,19 +485,63 @@ class TerminalEnv(NextStateEnv):
         tool_schema("finish", "Call this when the task is complete; the result is then checked."),
     ]
 
-    def load_tasks(self, source: Any) -> list[Task]:
+    def __init__(self, tasks: Any = None, *, user: str | None = None, tmux: bool = False, **kwargs: Any):
+        self.user = user
+        self.broken_tasks: list[tuple[str, str]] = []
+        if tmux:
+            self.tools = [*type(self).tools[:-1], TMUX_TOOL, type(self).tools[-1]]
+        super().__init__(tasks, **kwargs)
+
+    @classmethod
+    def load_task_set(cls, source: Any) -> tuple[list[Task], list[tuple[str, str]]]:
+        """The tasks of ``source`` that load, and ``(name, reason)`` of those that do not."""
+        broken: list[tuple[str, str]] = []
+        if procedural.is_procedural(source):
+            return procedural.load(source), broken
         if source is None or isinstance(source, (str, os.PathLike)):
-            return load_terminal_tasks(BUILTIN_TASKS if source is None else source)
-        return super().load_tasks(source)
+            return load_terminal_tasks(BUILTIN_TASKS if source is None else source, broken), broken
+        return NextStateEnv.load_tasks(cls.__new__(cls), source), broken
+
+    def load_tasks(self, source: Any) -> list[Task]:
+        tasks, self.broken_tasks = self.load_task_set(source)
+        if not tasks and self.broken_tasks:
+            name, why = self.broken_tasks[0]
+            raise ValueError(f"no task in {source} could be loaded ({len(self.broken_tasks)} broken; "
+                             f"{name}: {why})")
+        return tasks
+
+    def skip_reason(self, task: Task) -> str | None:
+        others = task.data.get("services")
+        if others:
+            return (f"docker-compose.yaml has services besides {task.data.get('service')!r} "
+                    f"({', '.join(others)}); multi-container tasks are not supported")
+        return None
 
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
-        image = task_image(task)
-        if image:
-            overrides["image"] = image
+        built = task_image(task)
+        if built:
+            overrides["image"] = built[0]
+            if built[1]:
+                overrides["workdir"] = built[1]
         if task.data.get("network"):
             overrides["network"] = True
+        user = self.user or task.data.get("user")
+        if user:
+            overrides["user"] = str(user)
+        if task.data.get("env"):
+            overrides["env"] = dict(task.data["env"])
+        for key in ("memory", "cpus"):
+            if task.data.get(key):
+                overrides[key] = task.data[key]
         return overrides
+
+    def start_episode(self, task: Task) -> None:
+        """Run the task's ``setup`` command, if it has one (procedural tasks do)."""
+        if task.data.get("setup"):
+            r = self.sandbox.run(task.data["setup"], timeout=30)
+            if r.exit_code != 0:
+                raise SandboxError(f"setup of task {task.id} failed: {r.output[-500:]}")
 
     def command_timeout_cap(self) -> float:
         assert self.task is not None
@@ -192,20 +559,54 @@ class TerminalEnv(NextStateEnv):
                     raise
                 return ToolResult(f"Could not write {args['path']}: {e}", exit_code=1)
             return ToolResult(f"Wrote {len(args['content'].encode())} bytes to {args['path']}.", 0)
+        if call.name == "tmux":
+            return self._tmux(args)
         return ToolResult("Finished: the result will now be checked.", done=True)
+
+    def _tmux(self, args: dict[str, Any]) -> ToolResult:
+        keys = [args["keys"]] if isinstance(args["keys"], str) else [str(k) for k in args["keys"]]
+        cap = self.command_timeout_cap()
+        wait = min(max(float(args.get("wait") or 1.0), 0.0), cap)
+        script = tmux_script(keys, wait=wait, block=bool(args.get("block")), timeout=cap)
+        r = self.sandbox.run(script, timeout=cap + 15)
+        if r.exit_code != 0 and not r.stdout.strip():
+            return ToolResult(f"tmux failed: {r.output.strip()[-500:]}", r.exit_code, timed_out=r.timed_out)
+        return ToolResult(r.stdout.rstrip("\n"), timed_out=r.timed_out, extra={"truncated": r.truncated})
 
     def compute_outcome(self) -> Outcome:
         assert self.task is not None
         return grade_terminal_task(self.sandbox, self.task)
 
     def oracle_actions(self, task: Task, kind: str) -> list[dict[str, Any]]:
-        """gold: write ``solution.sh``, run it in the workdir, finish; noop: finish at once."""
+        """gold: run the reference solution (``solution.sh``/``solve.sh`` in the workdir, or
+        ``solution.yaml`` typed into tmux), then finish; noop: finish at once."""
         finish = {"name": "finish", "arguments": {}}
         if kind == "noop":
             return [finish]
-        if not task.data.get("solution"):
-            raise ValueError(f"task {task.id} has no solution.sh")
+        if task.data.get("oracle"):
+            return list(task.data["oracle"])
         timeout = float(task.data.get("max_agent_timeout_sec") or 600)
-        run = "bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; (exit $rc)"
-        return [{"name": "write_file", "arguments": {"path": "/tmp/solution.sh", "content": task.data["solution"]}},
-                {"name": "bash", "arguments": {"command": run, "timeout": timeout}}, finish]
+        if task.data.get("solution_keys"):
+            steps = task.data["solution_keys"]
+            budget = sum(s["max_timeout_sec"] if s["block"] else s["min_timeout_sec"] for s in steps) + 30
+            return [{"name": "bash", "arguments": {"command": solution_keys_script(steps),
+                                                   "timeout": min(budget, timeout)}}, finish]
+        if not task.data.get("solution"):
+            name = "solution/solve.sh" if task.data.get("format") == "harbor" else "solution.sh or solution.yaml"
+            raise ValueError(f"task {task.id} has no {name}")
+        actions = []
+        if task.data.get("solution_dir"):  # Harbor runs solve.sh from /solution, next to its files
+            root = Path(task.data["solution_dir"])
+            for f in sorted(p for p in root.rglob("*") if p.is_file()):
+                try:
+                    content = f.read_text()
+                except UnicodeDecodeError:
+                    raise ValueError(f"task {task.id}: solution file {f.name} is not text") from None
+                actions.append({"name": "write_file",
+                                "arguments": {"path": f"/solution/{f.relative_to(root)}", "content": content}})
+            run = "bash /solution/solve.sh"
+        else:
+            actions.append({"name": "write_file",
+                            "arguments": {"path": "/tmp/solution.sh", "content": task.data["solution"]}})
+            run = "bash /tmp/solution.sh; rc=$?; rm -f /tmp/solution.sh; (exit $rc)"
+        return [*actions, {"name": "bash", "arguments": {"command": run, "timeout": timeout}}, finish]

@@ -56,29 +56,44 @@ def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
 
 
 def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str = "auto",
-             progress: bool = True) -> list[Check]:
+             progress: bool = True, env_kwargs: dict[str, Any] | None = None) -> list[Check]:
     """Check every task of ``family`` (from ``tasks``, default the built-in set) on ``parallel`` workers.
 
-    With ``progress``, shows a progress bar and prints each failure as it comes.
+    A task that cannot be loaded, built or started fails with its reason; the
+    others still run. With ``progress``, shows a progress bar and prints each
+    failure as it comes. ``env_kwargs`` go to the env (e.g. ``user``).
     """
     env_cls, check = validator(family)
-    probe = env_cls(tasks, backend=backend)
-    loaded = probe.tasks
-    probe.close()
-    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset else None
+    kw = dict(env_kwargs or {})
+    load_set = getattr(env_cls, "load_task_set", None)
+    if load_set is not None:
+        loaded, broken = load_set(tasks)
+    else:
+        probe = env_cls(tasks, backend=backend, **kw)
+        loaded, broken = probe.tasks, []
+        probe.close()
+    failed = [Check(name, False, f"could not load: {why}") for name, why in broken]
+    if progress:
+        for c in failed:
+            tqdm.write(f"FAIL {c.task_id}: {c.reason}")
+    if not loaded:
+        if not failed:
+            raise ValueError(f"no {family} tasks found in {tasks}")
+        return sorted(failed, key=lambda c: c.task_id)
+    pool = env_cls.shared_pool(loaded, parallel, backend=backend)
     local, envs = threading.local(), []
 
     def one(task: Task) -> Check:
         if not hasattr(local, "env"):
-            local.env = env_cls(loaded, pool=pool, backend=backend)
+            local.env = env_cls(loaded, pool=pool, backend=backend, **kw)
             envs.append(local.env)
         try:
             reason = check(local.env, task)
         except Exception as e:  # a broken task must not stop the others
-            reason = f"{type(e).__name__}: {e}"
+            reason = one_line(e)
         return Check(task.id, reason is None, reason or "")
 
-    checks = []
+    checks = failed
     try:
         with ThreadPoolExecutor(parallel) as ex, tqdm(total=len(loaded), desc=f"validate {family}",
                                                       unit="task", disable=not progress) as bar:
@@ -93,6 +108,16 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
         if pool is not None:
             pool.close()
     return sorted(checks, key=lambda c: c.task_id)
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: its first line, and the last line of any output it carries
+    (a failed image build's error)."""
+    lines = [x.strip() for x in str(error).splitlines() if x.strip() and not x.startswith("---")]
+    text = lines[0] if lines else ""
+    if len(lines) > 1:
+        text += f" ... {lines[-1]}"
+    return f"{type(error).__name__}: {text}"
 
 
 def _why(info: dict[str, Any]) -> str:

@@ -151,3 +151,155 @@ def test_saved_dir_loads_by_path_offline(tmp_path):
                                                      return_dict=False))
     assert abs(float(weight_sum) - float(model.lm_head.weight.detach().sum())) < 1e-3
     assert json.loads((Path(tmp_path) / "tiny" / "config.json").read_text())["model_type"] == "llama"
+
+
+# -- batching ---------------------------------------------------------------------------
+def _recomputed(policy: HFPolicy, gen, temperature: float) -> torch.Tensor:
+    """log pi_old of ``gen`` as the trainer recomputes it: that (prompt, response) alone."""
+    from train.batch import Sample, collate
+    from train.loss import token_log_probs
+    mb = collate([Sample(gen.prompt_ids, gen.response_ids, gen.logprobs, 0.0, 0.0)], pad_id=0)
+    with torch.no_grad():
+        lp, _ = token_log_probs(policy.model, mb, temperature)
+    return lp[0, :len(gen.response_ids)]
+
+
+def _chat(k: int) -> list[dict]:
+    return [{"role": "user", "content": f"request {k}: " + "pad the prompt. " * (k * 7 % 60)}]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+async def test_batched_requests_match_the_trainers_recomputation(temperature):
+    """Prompts of very different lengths (4x apart) in one batch: left padding, the attention
+    mask and position ids must give each row exactly what it gets alone."""
+    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=10**6)   # one sub-batch
+    chats = [_chat(k) for k in range(12)]
+    lengths = [policy.count_tokens(c) for c in chats]
+    assert max(lengths) > 4 * min(lengths)
+    gens = await asyncio.gather(*(policy.generate(c, temperature=temperature, max_tokens=20, seed=k)
+                                  for k, c in enumerate(chats)))
+    assert policy.batcher.largest == 12 and policy.decode_calls == 1
+    for c, gen in zip(chats, gens):
+        assert gen.prompt_ids == policy.prompt_ids(c)
+        assert len(gen.logprobs) == len(gen.response_ids) > 0
+        expected = _recomputed(policy, gen, temperature or 1.0)
+        assert torch.allclose(expected, torch.tensor(gen.logprobs), atol=2e-5), (expected, gen.logprobs)
+    if temperature == 0.0:   # greedy: the same tokens as the request alone
+        alone = await policy.generate(chats[5], temperature=0.0, max_tokens=20)
+        assert alone.response_ids == gens[5].response_ids
+
+
+async def test_seeded_request_does_not_depend_on_its_batch():
+    policy = HFPolicy("tiny", batch_window_s=0.2)
+    alone = await policy.generate(_chat(3), temperature=1.0, max_tokens=16, seed=11)
+    crowd = await asyncio.gather(*(policy.generate(_chat(k), temperature=1.0, max_tokens=16, seed=11 + k)
+                                   for k in range(8)))
+    assert policy.batcher.largest == 8
+    assert crowd[0].response_ids == alone.response_ids
+
+
+async def test_concurrent_requests_are_batched():
+    policy = HFPolicy("tiny", batch_window_s=0.05)
+    gens = await asyncio.gather(*(policy.generate(_chat(k), temperature=1.0, max_tokens=8)
+                                  for k in range(32)))
+    assert len(gens) == 32 and all(g.response_ids for g in gens)
+    assert policy.batcher.items == 32
+    assert policy.decode_calls <= 4 < 32
+
+
+async def test_n_votes_are_one_request_and_exact():
+    """The judge asks for n=m answers in one request: n rows, batched with other requests."""
+    policy = HFPolicy("tiny", batch_window_s=0.2)
+    votes, other = await asyncio.gather(policy._run(_chat(2), None, 4, {"temperature": 0.6, "max_tokens": 12}),
+                                        policy.generate(_chat(9), temperature=1.0, max_tokens=12))
+    assert policy.decode_calls == 1 and policy.batcher.largest == 2
+    assert len(votes) == 4 and len({tuple(g.response_ids) for g in votes}) > 1
+    for gen in votes + [other]:
+        temperature = 0.6 if gen in votes else 1.0
+        assert torch.allclose(_recomputed(policy, gen, temperature), torch.tensor(gen.logprobs), atol=2e-5)
+    texts = await policy.complete(_chat(2), n=3, temperature=0.6, max_tokens=8)
+    assert len(texts) == 3
+
+
+async def test_one_bad_request_does_not_poison_its_batch():
+    """A bad sampling parameter fails before decoding; a prompt the model cannot embed (a token
+    id past its vocabulary, as with a mismatched tokenizer) breaks the batched forward pass, and
+    then each request reruns alone so that only the culprit fails."""
+    class Mismatched(HFPolicy):
+        def prompt_ids(self, messages, tools=None):
+            ids = super().prompt_ids(messages, tools)
+            return ids + [10_000] if "poison" in messages[-1]["content"] else ids
+
+    policy = Mismatched("tiny", batch_window_s=0.2)
+    good = [_chat(k) for k in range(4)]
+    results = await asyncio.gather(
+        *(policy.generate(c, temperature=1.0, max_tokens=8) for c in good),
+        policy.generate([{"role": "user", "content": "poison"}], temperature=1.0, max_tokens=8),
+        policy.generate(_chat(5), temperature=1.0, top_p=0.0, max_tokens=8),
+        return_exceptions=True)
+    assert all(not isinstance(r, BaseException) and r.response_ids for r in results[:4])
+    assert isinstance(results[4], IndexError)
+    assert isinstance(results[5], ValueError) and "top_p" in str(results[5])
+    again = await policy.generate(good[0], temperature=1.0, max_tokens=8)   # the worker lives on
+    assert again.response_ids
+
+
+async def test_weight_swap_waits_for_the_running_batch():
+    """The trainer's publish() holds ``policy.lock``: a batch never runs on half-swapped weights."""
+    policy = HFPolicy("tiny", batch_window_s=0.0)
+    with policy.lock:
+        task = asyncio.ensure_future(policy.generate(_chat(1), temperature=0.0, max_tokens=8))
+        await asyncio.sleep(0.3)
+        assert not task.done()          # the batch waits for the swap to finish
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.mul_(0.5)
+    gen = await task
+    assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_closed_policy_fails_clearly():
+    from agents.policy import PolicyError
+    policy = HFPolicy("tiny")
+    await policy.generate(_chat(1), max_tokens=4)
+    await policy.aclose()
+    with pytest.raises(PolicyError, match="closed"):
+        await policy.generate(_chat(1), max_tokens=4)
+
+
+async def test_shared_prefix_is_prefilled_once_and_stays_exact():
+    """Episodes share a long system prompt: rows that share it form one sub-batch (prefix
+    prefilled once, suffixes of different lengths after it); an unrelated prompt runs apart."""
+    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=0)
+    system = {"role": "system", "content": "You operate a Linux terminal. " * 40}
+    chats = [[system, {"role": "user", "content": "task %d " % k + "details " * (k * 9)}] for k in range(6)]
+    other = [{"role": "system", "content": "Judge the step."}, {"role": "user", "content": "x" * 900}]
+    gens = await asyncio.gather(*(policy.generate(c, temperature=1.0, max_tokens=12) for c in chats + [other]))
+    assert policy.decode_calls == 2
+    for gen in gens:
+        assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_judge_requests_go_ahead_of_queued_turns():
+    """``complete`` (the judge's call, under a timeout) is taken before queued ``generate``
+    turns, and each request is answered as soon as its own rows are done."""
+    policy = HFPolicy("tiny", max_batch_rows=2)
+    finished: list[str] = []
+
+    async def turn(k: int) -> None:
+        await policy.generate(_chat(k), temperature=1.0, max_tokens=4)
+        finished.append(f"turn{k}")
+
+    async def vote() -> None:
+        await policy.complete(_chat(0), n=2, temperature=0.6, max_tokens=4)
+        finished.append("vote")
+
+    with policy.lock:   # the worker takes the first batch and waits on the lock
+        first = asyncio.ensure_future(turn(0))
+        await asyncio.sleep(0.3)
+        rest = [asyncio.ensure_future(turn(k)) for k in range(1, 7)]
+        await asyncio.sleep(0.1)
+        judge = asyncio.ensure_future(vote())
+        await asyncio.sleep(0.1)
+    await asyncio.gather(first, judge, *rest)
+    assert finished[:2] == ["turn0", "vote"], finished

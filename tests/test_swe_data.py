@@ -195,7 +195,9 @@ def test_swebench_test_spec_of_a_django_row():
         "test_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests)"]
 
 
-def test_rows_of_the_older_layout_are_refused_clearly():
-    old = {k: v for k, v in DJANGO_ROW.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
+def test_plain_rows_of_a_repo_without_an_install_spec_are_refused_clearly():
+    plain = {k: v for k, v in DJANGO_ROW.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
+    with pytest.raises(ValueError, match="no install spec for django/django.*NEXTSTATE_SWE_SPECS"):
+        load_instances([plain])
     with pytest.raises(InstanceError, match="no image, eval_script, log_parser, eval_type"):
-        make_test_spec(old)
+        make_test_spec(plain)  # not loaded: nothing derived

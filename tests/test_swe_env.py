@@ -134,10 +134,27 @@ def test_a_missing_swebench_image_is_a_clear_error(pool):
            "image": "swebench/sweb.eval.x86_64.nextstate-missing:latest"}
     env = SWEEnv([row], pool=pool)
     try:
-        with pytest.raises(InstanceError, match="not on this Docker engine and cannot be pulled"):
+        with pytest.raises(InstanceError, match="not on this Docker engine and pulling it failed; build it with "
+                           "`python -m containers build-swe --tasks ROWS --ids django__django-1`"):
             env.reset()
     finally:
         env.close()
+
+
+def test_evaluate_exits_1_when_an_image_is_missing_and_says_why_once(tmp_path, capsys):
+    from train.evaluate import main
+    row = {**INSTANCES["nextstate__datekit-12"], "instance_id": "nextstate__missing-1",
+           "image": "sweb.eval.x86_64.nextstate__missing-1:latest"}
+    rows = tmp_path / "rows.jsonl"
+    other = {**row, "instance_id": "nextstate__missing-2", "image": "sweb.eval.x86_64.nextstate__missing-2:latest"}
+    rows.write_text(json.dumps(row) + "\n" + json.dumps(other) + "\n")
+    assert main(["--env", "swe", "--tasks", str(rows), "--policy", "noop", "--parallel", "1",
+                 "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.split("error: every episode aborted:\n", 1)[1]  # after the progress bar
+    lines = err.splitlines()
+    assert len(lines) == 2 and all(x.startswith("  [1x] InstanceError: image sweb.eval.x86_64.nextstate__missing-")
+                                   for x in lines)
+    assert "Docker said: " in err and "fromImage=sweb.eval.x86_64.nextstate__missing-1" in err  # not cut
 
 
 def test_validator_accepts_an_instance_and_catches_a_dishonest_one(env):
@@ -148,3 +165,45 @@ def test_validator_accepts_an_instance_and_catches_a_dishonest_one(env):
     dishonest = {**instance, "FAIL_TO_PASS": json.dumps(listed_tests(instance, "FAIL_TO_PASS") + p2p[:1])}
     task.data = dishonest
     assert check_swe(env, task) == f"FAIL_TO_PASS tests already pass at the base commit: {p2p[0]}"
+
+
+@pytest.mark.slow
+def test_build_swe_from_a_plain_row_then_gold_resolves_and_noop_does_not(client, tmp_path, monkeypatch):
+    """The whole path for a plain row: `containers build-swe` (offline base when no registry answers, the
+    repository from a local git source, pip from PyPI), then episodes in the built image. Minutes, and
+    needs PyPI."""
+    import importlib.util
+    from pathlib import Path
+
+    from containers.swe_images import build_swe
+    from envs.swe_specs import specs
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_repos", root / "containers/swe/make_repos.py")
+    make_repos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_repos)
+    make_repos.build_all(root / "containers/swe/repos", tmp_path / "git")  # owner__name.git layout
+    extra = tmp_path / "specs.json"
+    extra.write_text(json.dumps({"nextstate/datekit": {"0.1": {
+        "python": "3.11", "install": "python -m pip install -e .", "pip_packages": ["pytest"],
+        "test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"}}}))
+    monkeypatch.setenv("NEXTSTATE_SWE_SPECS", str(extra))
+    plain = {k: v for k, v in INSTANCES["nextstate__datekit-12"].items()
+             if k not in ("image", "eval_script", "log_parser", "eval_type")}
+    try:
+        [built] = build_swe([plain], client=client, repo_source=str(tmp_path / "git"))
+        assert built.error is None and built.image == "sweb.eval.x86_64.nextstate__datekit-12:latest"
+        env = SWEEnv([plain])
+        try:
+            env.reset()
+            obs, *_ = env.step(call("bash", command="echo $CONDA_DEFAULT_ENV; python -c 'import datekit'"))
+            assert "testbed" in obs and "[exit code 0]" in obs
+            for kind, resolved in (("gold", True), ("noop", False)):
+                env.reset()
+                for action in env.oracle_actions(env.task, kind):
+                    *_, info = env.step(action)
+                assert info["outcome"]["resolved"] is resolved, info["outcome"]
+        finally:
+            env.close()
+    finally:
+        specs().pop("nextstate/datekit", None)

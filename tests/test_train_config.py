@@ -61,7 +61,7 @@ def _free_port() -> int:
     (["--model", "/no/such/model"], "model path '/no/such/model' does not exist"),
     (["train.nope=1"], "unknown config key 'train.nope'"),
     (["--backend", "spark"], "--backend must be local or verl"),
-    (["--judge", "maybe"], "--judge must be policy, none or an http"),
+    (["--judge", "maybe"], "--judge must be policy, rules, none or an http"),
     (["--config", "/no/such.yaml"], "cannot read config file"),
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(argv, message, capsys):

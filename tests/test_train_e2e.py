@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "train", "--env", "terminal", "--parallel", "4", "--model", "tiny",
            "--output", str(out), "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "env.max_steps=2",
-           *extra]
+           # plumbing only: no warm start or held-out evaluation, and untrained samples kept (advantage 0)
+           "sft.steps=0", "eval.tasks=null", "advantage.drop_constant=false", *extra]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
 
 

@@ -53,7 +53,7 @@ def test_terminal_fixtures(tmp_path: Path, terminal_image: str) -> None:
     assert checks["good"].ok and checks["good"].reason == ""
     assert "the reference solution scored -1.00" in checks["wrong-solution"].reason
     assert "test_outputs.py::test_file" in checks["wrong-solution"].reason
-    assert checks["no-solution"].reason == "task no-solution has no solution.sh"
+    assert checks["no-solution"].reason == "task no-solution has no solution.sh or solution.yaml"
     assert checks["nstest-already-solved"].reason == "doing nothing already scores +1"
 
 

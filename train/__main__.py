@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
     p.add_argument("--config", help="config file (default configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
-    p.add_argument("--judge", help="'policy' (the policy's own model), 'none', or an OpenAI-compatible URL")
+    p.add_argument("--judge", help="'policy' (the policy's own model), 'rules' (exit codes and invalid "
+                   "actions), 'none', or an OpenAI-compatible URL")
     p.add_argument("--backend", default="local", help="local (one process, CPU or one GPU) or verl (Ray cluster)")
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--output", help="run directory (default runs/<env>)")
@@ -63,10 +64,10 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     if args.judge:
         if args.judge.startswith(("http://", "https://")):
             out += ["judge.mode=url", f"judge.url={args.judge}"]
-        elif args.judge in ("policy", "none"):
+        elif args.judge in ("policy", "rules", "none"):
             out.append(f"judge.mode={args.judge}")
         else:
-            raise ConfigError(f"--judge must be policy, none or an http(s):// URL, got {args.judge!r}")
+            raise ConfigError(f"--judge must be policy, rules, none or an http(s):// URL, got {args.judge!r}")
     return out
 
 
@@ -100,6 +101,9 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     demo = args.model == "tiny" or (args.backend == "local" and args.model is None and not has_gpu())
     cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
+    if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
+        # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
+        cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
     if args.backend == "local" or not args.dry_run:
         check_model(cfg.model.name)
     if cfg.judge.mode == "url" and not args.dry_run:

@@ -35,6 +35,8 @@ class EnvConfig:
     max_steps: int = 10
     step_timeout: float = 30.0
     sandbox_backend: str = "auto"     # auto | docker | local
+    user: str | None = None           # terminal: run every task as this user (default: the task's)
+    tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
 
 
 @dataclass
@@ -59,8 +61,9 @@ class RolloutConfig:
 
 @dataclass
 class JudgeConfig:
-    """The step judge: ``policy`` (the policy's own model), ``none``, or an OpenAI-compatible URL."""
-    mode: str = "policy"              # policy | none | url
+    """The step judge: ``policy`` (the policy's own model), ``rules`` (:mod:`judges.rules`),
+    ``none``, or an OpenAI-compatible URL."""
+    mode: str = "policy"              # policy | rules | none | url
     url: str | None = None
     model: str | None = None          # model name at the URL (default: the first /v1/models entry)
     votes: int = 1                    # m
@@ -93,6 +96,25 @@ class TrainConfig:
     micro_batch_size: int = 4         # samples per forward/backward (gradient accumulation)
     max_staleness: int = 1            # rollouts run this many steps ahead of training (0: no overlap)
     role: str = "agent"               # the steps of this role train the model
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start before RL (:mod:`train.sft`): oracle runs of ``tasks``, then
+    ``steps`` updates of cross-entropy on the successful ones. ``steps: 0`` skips it."""
+    tasks: str | None = None          # task source for the oracle runs (e.g. procedural:0:64)
+    steps: int = 0
+    lr: float = 1.0e-3
+    batch_size: int = 16
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation of a local run: at the start, every ``every`` steps, and at the end."""
+    tasks: str | None = None          # None: no held-out evaluation
+    every: int = 0                    # 0: at the start and the end only
+    samples_per_task: int = 1
+    temperature: float = 1.0
 
 
 @dataclass
@@ -130,6 +152,8 @@ class Config:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
 
@@ -267,7 +291,11 @@ def validate(cfg: Config) -> None:
         (cfg.train.micro_batch_size >= 1, "train.micro_batch_size must be at least 1"),
         (cfg.train.max_staleness >= 0, "train.max_staleness must be non-negative"),
         (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
-        (cfg.judge.mode in ("policy", "none", "url"), f"judge.mode must be policy, none or url, got {cfg.judge.mode!r}"),
+        (cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
+        (cfg.sft.steps == 0 or bool(cfg.sft.tasks), "sft.steps > 0 needs sft.tasks"),
+        (cfg.eval.every >= 0 and cfg.eval.samples_per_task >= 1, "eval.every must be >= 0, eval.samples_per_task >= 1"),
+        (cfg.judge.mode in ("policy", "rules", "none", "url"),
+         f"judge.mode must be policy, rules, none or url, got {cfg.judge.mode!r}"),
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),

@@ -39,6 +39,8 @@ from envs import env_class
 from envs.base import NextStateEnv, Task, TaskUnsupported
 
 ORACLE_KINDS = ("gold", "noop")
+#: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
+CONFIG_ERRORS = ("InstanceError", "SpecError", "ImageNotFound")
 
 
 def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error: str | None,
@@ -132,12 +134,15 @@ def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: st
                 "mean_outcome": sum(rewards) / len(rewards) if rewards else None,
                 "aborted": sum(r["status"] == "aborted" for r in group)}
 
+    aborted = [r.get("reason") or "unknown" for r in rows if r["status"] == "aborted"]
+
     skipped = {r["task_id"]: r["reason"] for r in rows if r["status"] == "skipped"}
     rows = [r for r in rows if r["status"] != "skipped"]
     categories = sorted({r["category"] for r in rows})
     report = {"env": family, "tasks": tasks, "policy": policy, **stats(rows),
               "by_category": {c: stats([r for r in rows if r["category"] == c]) for c in categories},
-              "skipped": len(skipped), "skipped_reasons": skipped, "elapsed": round(elapsed, 1)}
+              "skipped": len(skipped), "skipped_reasons": skipped, "elapsed": round(elapsed, 1),
+              "abort_reasons": {reason: aborted.count(reason) for reason in dict.fromkeys(aborted)}}
     if family == "swe":
         report["resolve_rate"] = report["success_rate"]
         report["resolved_ids"] = sorted(r["task_id"] for r in rows if r["success"])
@@ -170,7 +175,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
     probe.close()
     everything, loaded = loaded, [t for t in loaded if t.id not in {r["task_id"] for r in skipped}]
     parallel = max(1, min(parallel, len(loaded) or 1))
-    pool = env_cls.make_pool(parallel, backend=backend) if env_cls.lease_at_reset else None
+    pool = env_cls.shared_pool(loaded, parallel, backend=backend)
     policy_name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
 
     def factory() -> NextStateEnv:
@@ -194,8 +199,29 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
     rows = sorted(rows + skipped, key=lambda r: order[r["task_id"]])
     report = summarize(rows, family=family, tasks=str(tasks), policy=policy_name,
                        elapsed=time.monotonic() - start)
-    write_outputs(Path(output), rows, report, family=family, model_name=policy_name)
+    write_outputs(Path(output), rows, report, family=family, model_name=model_name(policy, policy_name))
     return report
+
+
+def model_name(policy: Any, policy_name: str) -> str:
+    """SWE-bench's ``model_name_or_path``: the served model's name, the local model's path, else the policy."""
+    model = getattr(policy, "model", None)
+    if isinstance(model, str) and model:
+        return model
+    name = getattr(policy, "name", policy_name) if not isinstance(policy, str) else policy_name
+    return name.removeprefix("hf:")
+
+
+def failure(report: dict[str, Any]) -> str | None:
+    """Why the run failed as a whole: every episode aborted, or any for a configuration reason;
+    each distinct reason in full, once. None when the run counts."""
+    reasons = report.get("abort_reasons") or {}
+    config = [r for r in reasons if r.split(":", 1)[0] in CONFIG_ERRORS]
+    if not reasons or (sum(reasons.values()) < report["total"] and not config):
+        return None
+    head = ("every episode aborted" if sum(reasons.values()) == report["total"]
+            else "episodes aborted for a configuration reason")
+    return "\n".join([f"error: {head}:"] + [f"  [{n}x] {r}" for r, n in reasons.items()])
 
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], report: dict[str, Any], *, family: str,
@@ -237,15 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.add_argument("--ids", help="comma-separated task ids to run (default all)")
     p.add_argument("--backend", default="auto", choices=["auto", "docker", "local"], help="sandbox backend")
+    p.add_argument("--grade-network", choices=["on", "off"],
+                   help="SWE: network in the grading container (default on, as swebench's harness)")
     args = p.parse_args(argv)
     try:
         report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
-                          ids=args.ids.split(",") if args.ids else None)
+                          ids=args.ids.split(",") if args.ids else None,
+                          env_kwargs=({"grade_network": args.grade_network == "on"}
+                                      if args.grade_network else None))
     except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(summary_line(report, args.output))
+    failed = failure(report)
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     return 0
 
 

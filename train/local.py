@@ -32,7 +32,7 @@ from train.batch import build_batch
 from train.config import Config, ConfigError
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import make_envs, make_judge
+from train.rollout import load_tasks, make_envs, make_judge
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,11 @@ class LocalTrainer:
         dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
         ckpt = checkpoint.latest(output) if resume else None
         self.start = 0
-        source = cfg.model.name
+        initial = cfg.model.name
+        if cfg.sft.steps > 0:   # supervised warm start first (reused when already made)
+            from train.sft import warm_start
+            initial = str(warm_start(cfg, output / "warm_start", progress=progress))
+        source = initial
         if ckpt is not None:
             source = str(ckpt / "model")
         try:
@@ -116,9 +120,9 @@ class LocalTrainer:
             log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
         reference = None
         if ckpt is not None and cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
-            initial = HFPolicy(cfg.model.name, device=device, dtype=dtype, seed=cfg.run.seed)
-            reference = initial.model
-            asyncio.run(initial.aclose())
+            anchor = HFPolicy(initial, device=device, dtype=dtype, seed=cfg.run.seed)
+            reference = anchor.model
+            asyncio.run(anchor.aclose())
         self.learner = Learner(self.policy, cfg, reference=reference)
         if ckpt is not None:
             meta, state = checkpoint.load(ckpt)
@@ -133,6 +137,8 @@ class LocalTrainer:
         self.advantages = Recorder(output / "advantages.jsonl")
         self.judge = make_judge(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
+        self.eval_tasks = load_tasks(cfg, cfg.eval.tasks) if cfg.eval.tasks else []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- one step ------------------------------------------------------------------
     async def rollout(self, step: int) -> list[Trajectory]:
@@ -147,8 +153,28 @@ class LocalTrainer:
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
 
+    async def evaluate(self) -> dict[str, float]:
+        """Success of the serving model on the held-out tasks (no judge, no training)."""
+        r, e = self.cfg.rollout, self.cfg.eval
+        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
+        trajs = await collect(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks,
+                              n_samples=e.samples_per_task, parallel=r.parallel,
+                              router=single_role(self.cfg.train.role), chat=chat,
+                              sampling={"temperature": e.temperature, "top_p": r.top_p},
+                              batch_tag="eval", progress=False)
+        done = [t for t in trajs if t.status != "aborted"]
+        return {"eval/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
+                "eval/outcome": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
+                "eval/episodes": len(done)}
+
+    def eval_due(self, step: int) -> bool:
+        """Whether held-out evaluation runs after ``step`` updates."""
+        every, total = self.cfg.eval.every, self.cfg.run.steps
+        return bool(self.eval_tasks) and (step == total or (every > 0 and step % every == 0))
+
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, Any]:
-        """Advantages, one update, weights to the serving model (learner thread)."""
+        """Advantages, one update, weights to the serving model, held-out evaluation when due
+        (learner thread)."""
         batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
                             role=self.cfg.train.role)
         for row in batch.step_log:
@@ -156,6 +182,10 @@ class LocalTrainer:
         metrics = dict(batch.metrics)
         metrics.update(self.learner.step(batch, progress=self.progress))
         self.learner.publish()
+        if self.eval_due(step + 1) and self._loop is not None:   # runs on the event loop, with the new weights
+            t0 = time.monotonic()
+            metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(), self._loop).result())
+            metrics["time/eval_s"] = time.monotonic() - t0
         if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
             self.save(step + 1)
         return metrics
@@ -190,12 +220,20 @@ class LocalTrainer:
         self._last_done = time.monotonic()
         try:
             if self.start < total:
-                asyncio.run(overlapped_loop(self.start, total, self.cfg.train.max_staleness,
-                                            self.rollout, self.train, self.after))
+                asyncio.run(self._run(total))
         finally:
             self.bar.close()
             self.close()
         return self.metrics.rows
+
+    async def _run(self, total: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.start == 0 and self.eval_tasks:   # the starting point, logged as step 0
+            t0 = time.monotonic()
+            self.metrics.log(0, {**await self.evaluate(), "time/eval_s": time.monotonic() - t0})
+            self._last_done = time.monotonic()
+        await overlapped_loop(self.start, total, self.cfg.train.max_staleness, self.rollout, self.train,
+                              self.after)
 
     def close(self) -> None:
         """Release sandboxes, threads and log files."""

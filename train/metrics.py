@@ -14,6 +14,8 @@ from typing import Any
 
 PLOT = "curves.png"
 CURVES = [  # (metric, title) drawn in the PNG, one panel each
+    ("eval/success", "held-out success"),
+    ("outcome/success", "training success"),
     ("outcome/mean", "outcome (mean)"),
     ("judge/score_mean", "judge score (mean)"),
     ("reward/mean", "step reward R_t (mean)"),
@@ -74,6 +76,8 @@ class MetricsLog:
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
+        for ax in axes.flat[len(CURVES):]:
+            ax.axis("off")
         fig.tight_layout()
         out = self.output / PLOT
         tmp = out.with_suffix(".tmp.png")

@@ -7,9 +7,14 @@ from typing import Any, Callable
 from envs import env_class
 from train.config import Config
 
-def load_tasks(cfg: Config) -> list[Any]:
-    """The tasks of the configured environment (no sandbox is started)."""
-    env = env_class(cfg.env.family)(tasks=cfg.env.tasks)
+def env_kwargs(cfg: Config) -> dict[str, Any]:
+    """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
+    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}
+
+
+def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
+    """The tasks of the configured environment, or of ``source`` (no sandbox is started)."""
+    env = env_class(cfg.env.family)(tasks=source if source is not None else cfg.env.tasks, **env_kwargs(cfg))
     try:
         return list(env.tasks)
     finally:
@@ -24,19 +29,23 @@ def make_envs(cfg: Config, pool_size: int | None = None,
     pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend, run_id=run_id)
 
     def factory() -> Any:
-        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout)
+        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
+                   **env_kwargs(cfg))
 
     return pool, factory, load_tasks(cfg)
 
 
 def make_judge(cfg: Config, policy: Any) -> Any:
     """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
-    server (mode ``url``), or None (mode ``none``)."""
+    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``)."""
     from judges.prm import StepJudge
 
     j = cfg.judge
     if j.mode == "none":
         return None
+    if j.mode == "rules":
+        from judges.rules import RuleJudge
+        return RuleJudge(m=j.votes)
     backend = policy
     if j.mode == "url":
         from agents.openai_policy import OpenAIPolicy

@@ -1,0 +1,115 @@
+"""Rollout throughput of a local policy with batched generation, at 1, 8, 32 and 128 episodes at once.
+
+``python -m bench.rollout --json`` prints one JSON object. Real terminal
+episodes run through the agent loop (:func:`agents.loop.collect`) on the
+Docker sandbox pool, wired as ``python -m train`` wires them
+(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): the
+``tiny`` model on CPU acts, and the same local policy judges every step
+(``judge.mode=policy``, the default judge timeout). Each level runs
+``max(level, --min-episodes)`` episodes of at most ``--max-steps`` steps with
+short generations, from one warm pool, one level after another in one run.
+
+- ``samples_per_s``: training samples (agent steps with token ids) per second
+  of wall time, keyed by concurrent episodes ("1", "8", "32", "128");
+- ``speedup_128``: samples/s at 128 over samples/s at 1;
+- ``judge_timeouts_128``: judge calls that timed out at 128 (goal: 0);
+- per level: episodes, samples, wall time, judge calls / timeouts / errors,
+  and the batching seen (batches, mean requests per batch, sub-batches);
+- ``load_avg``: the machine's 1-minute load average before and after (these
+  machines are shared: read the figures with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from itertools import cycle, islice
+from typing import Any
+
+import torch
+
+from agents.chat import ChatConfig
+from agents.hf_policy import HFPolicy
+from agents.loop import collect, single_role
+from bench import report
+from bench.judge import settle
+from train.batch import trainable
+from train.config import load_config
+from train.rollout import make_envs, make_judge
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    levels = sorted(args.levels)
+    cfg = load_config("terminal", overrides=[
+        "model.name=tiny", "judge.mode=policy", f"judge.votes={args.votes}",
+        f"judge.max_tokens={args.judge_tokens}", f"env.max_steps={args.max_steps}",
+        f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}"])
+    policy = HFPolicy("tiny", seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
+    judge = make_judge(cfg, policy)
+    role = cfg.train.role
+    chat = ChatConfig(context_tokens=cfg.rollout.max_context_tokens, max_response_tokens=args.max_new_tokens)
+    load_before = os.getloadavg()[0]
+    pool, factory, tasks = make_envs(cfg, pool_size=levels[-1])
+    per_level: dict[str, dict[str, Any]] = {}
+    try:
+        for level in levels:
+            settle(pool)   # every level starts from a warm pool, the previous level's containers gone
+            chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
+            batches, items, decodes = policy.batcher.batches, policy.batcher.items, policy.decode_calls
+            start = time.monotonic()
+            trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
+                                  router=single_role(role), chat=chat, progress=False,
+                                  sampling={"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p})
+            wall = time.monotonic() - start
+            steps = [s for t in trajs for s in t.steps]
+            errors = [s.judge_error for s in steps if s.judge_error]
+            n_batches = policy.batcher.batches - batches
+            per_level[str(level)] = {
+                "episodes": len(trajs), "aborted": sum(t.status == "aborted" for t in trajs),
+                "samples": sum(trainable(s, role) for s in steps), "wall_s": round(wall, 2),
+                "judge_calls": sum(bool(s.votes) or s.judge_error is not None for s in steps),
+                "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
+                "batches": n_batches,
+                "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
+                "sub_batches": policy.decode_calls - decodes,
+            }
+    finally:
+        pool.close()
+        await policy.aclose()
+    rate = {k: round(v["samples"] / v["wall_s"], 3) for k, v in per_level.items()}
+    top, bottom = str(levels[-1]), str(levels[0])
+    return {
+        "samples_per_s": rate,
+        f"speedup_{top}": round(rate[top] / rate[bottom], 2) if rate[bottom] else None,
+        f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
+        "levels": per_level,
+        "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
+        "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+        "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32, 128],
+                    help="concurrent episodes to measure (the first is the speedup's baseline)")
+    ap.add_argument("--min-episodes", type=int, default=4, help="episodes per level at least")
+    ap.add_argument("--max-steps", type=int, default=3, help="agent steps per episode at most")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per agent generation")
+    ap.add_argument("--judge-tokens", type=int, default=32, help="tokens per judge answer")
+    ap.add_argument("--votes", type=int, default=1, help="judge votes per step (one request, n=m)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    report(asyncio.run(run(args)), args.json)
+
+
+if __name__ == "__main__":
+    main()

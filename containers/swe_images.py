@@ -1,0 +1,307 @@
+"""SWE-bench instance images from plain dataset rows: ``python -m containers build-swe``.
+
+For each row the image ``sweb.eval.x86_64.<instance_id>:latest`` (swebench's
+name) is built in SWE-bench's layers: a Python of the spec's version, the
+``testbed`` env at ``/opt/miniconda3/envs/testbed`` with the spec's
+requirements and pins, then the repository in ``/testbed`` at ``base_commit``
+(newer tags, the remote and the reflog removed), installed, and committed so
+that ``git diff`` shows only later changes. The specs and scripts come from
+:mod:`envs.swe_specs`.
+
+* **Base.** Where a registry answers: ``python:<version>-bookworm``. Where
+  none does: a Debian rootfs made by mmdebstrap/debootstrap from the Debian
+  mirror whose suite ships that Python (3.9: bullseye, 3.11: bookworm, 3.13:
+  trixie); other versions are refused offline with that said.
+* **Env.** A venv stands in for conda's env; ``/opt/miniconda3/bin/activate``
+  defines a ``conda`` function whose ``conda activate testbed`` activates it,
+  so SWE-bench's eval scripts and ``.bashrc`` line work unchanged.
+* **Repository source.** By default ``git clone https://github.com/<repo>`` as
+  SWE-bench does; ``repo_source`` (``--repo-source``) names local git
+  repositories instead: a directory holding ``owner+name/repo``,
+  ``owner+name``, ``owner__name(.git)`` or ``owner/name``, or a JSON file
+  mapping ``owner/name`` to a path. Requirements files are read from the same
+  source at ``environment_setup_commit``.
+* **Network and certificates.** Builds use the default bridge network: pip
+  reaches PyPI. The host's CA bundle (``ca_bundle``; default ``PIP_CERT``,
+  ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE`` or Debian's bundle) is copied into
+  the build and used by pip and git there, so a TLS-inspecting proxy the host
+  trusts is trusted in the build too.
+
+Images carry a hash of their build inputs and are not rebuilt while it matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
+
+from .build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
+                    rootfs_image)
+
+#: Debian suites by the Python version they ship (offline bases).
+DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
+OFFLINE_PACKAGES = ["bash", "ca-certificates", "git", "patch", "python3", "python3-venv", "python3-dev",
+                    "gcc", "libc6-dev", "make", "procps"]
+REQUIREMENT_SKIP = ("-e .", "#", ".[test")
+CA_DEFAULTS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"
+
+TRUST_CA = ("export PIP_DISABLE_PIP_VERSION_CHECK=1; if [ -s /nextstate-build/ca.crt ]; then "
+            "export PIP_CERT=/nextstate-build/ca.crt GIT_SSL_CAINFO=/nextstate-build/ca.crt; fi")
+CONDA_STANDIN = f"""\
+# A stand-in for conda's activate: `conda activate NAME` activates the venv {CONDA}/envs/NAME.
+conda() {{
+    case "$1" in
+        activate) . "{CONDA}/envs/${{2:-{ENV_NAME}}}/bin/activate" && export CONDA_DEFAULT_ENV="${{2:-{ENV_NAME}}}" ;;
+        deactivate) deactivate 2>/dev/null; unset CONDA_DEFAULT_ENV ;;
+        *) echo "conda stand-in (nextstate): only 'conda activate NAME' and 'conda deactivate' work" >&2; return 1 ;;
+    esac
+}}
+"""
+
+DOCKERFILE = """\
+ARG BASE
+FROM ${BASE}
+COPY setup_env.sh requirements.txt ca.crt /nextstate-build/
+RUN bash /nextstate-build/setup_env.sh
+COPY . /nextstate-build/
+RUN bash /nextstate-build/setup_repo.sh && rm -rf /nextstate-build
+WORKDIR /testbed/
+"""
+
+
+@dataclass
+class SWEBuilt:
+    """One instance's build: its image, whether the cache answered, seconds, and size in bytes."""
+
+    instance_id: str
+    image: str
+    cached: bool
+    seconds: float
+    size: int
+    error: str | None = None
+
+
+# ---- the repository source ----------------------------------------------------------
+
+
+def repo_path(repo: str, source: str | None) -> Path | None:
+    """The local git repository for ``owner/name`` under ``source`` (None: clone from GitHub)."""
+    if not source:
+        return None
+    root = Path(source)
+    if root.is_file():
+        mapping = json.loads(root.read_text())
+        if repo not in mapping:
+            raise SpecError(f"--repo-source {source} maps no path for {repo}")
+        return Path(mapping[repo])
+    owner, name = repo.split("/")
+    for candidate in (root / f"{owner}+{name}" / "repo", root / f"{owner}+{name}", root / f"{owner}__{name}.git",
+                      root / f"{owner}__{name}", root / owner / name, root / f"{name}.git", root / name):
+        if (candidate / "HEAD").is_file() or (candidate / ".git").exists():
+            return candidate
+    raise SpecError(f"--repo-source {source} holds no git repository for {repo} (looked for {owner}+{name}/repo, "
+                    f"{owner}+{name}, {owner}__{name}.git, {owner}/{name})")
+
+
+def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None:
+    """A file of ``repo`` at ``commit`` from the local source, else from GitHub; None if absent."""
+    local = repo_path(repo, source)
+    if local is not None:
+        shown = subprocess.run(["git", "--git-dir", str(local / ".git") if (local / ".git").exists() else str(local),
+                                "show", f"{commit}:{path}"], capture_output=True, text=True)
+        return shown.stdout if shown.returncode == 0 else None
+    url = f"https://raw.githubusercontent.com/{repo}/{commit}/{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.read().decode()
+    except OSError:
+        return None
+
+
+def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) -> str:
+    """The spec's requirements file at the environment setup commit, ``-r`` includes inlined."""
+    paths = spec.get("requirements") or []
+    if not paths:
+        return ""
+    commit = row.get("environment_setup_commit") or row["base_commit"]
+    for path in paths:
+        text = read_at(row["repo"], source, commit, path)
+        if text is not None:
+            break
+    else:
+        raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
+                        f"at {commit[:12]}")
+    folder = os.path.dirname(path)
+    lines = []
+    for line in text.splitlines():
+        if line.strip().startswith("-r"):
+            include = os.path.normpath(os.path.join(folder, line.strip()[2:].strip()))
+            included = read_at(row["repo"], source, commit, include)
+            lines += [x for x in (included or "").splitlines() if not x.strip().startswith(REQUIREMENT_SKIP)]
+        elif not line.strip().startswith(REQUIREMENT_SKIP):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+# ---- the build scripts --------------------------------------------------------------------
+
+
+def setup_env_script(spec: dict[str, Any]) -> str:
+    """Creates the testbed venv, the conda stand-in, and installs requirements and pins."""
+    pins = " ".join(shlex.quote(p) for p in spec.get("pip_packages", []))
+    return "\n".join([
+        "set -euxo pipefail",
+        TRUST_CA,
+        f"mkdir -p {CONDA}/bin {CONDA}/etc/profile.d {CONDA}/envs",
+        f"python{spec['python']} -m venv {CONDA}/envs/{ENV_NAME}",
+        f"cat > {CONDA}/bin/activate <<'NEXTSTATE_EOF'\n{CONDA_STANDIN}NEXTSTATE_EOF",
+        f"cp {CONDA}/bin/activate {CONDA}/etc/profile.d/conda.sh",
+        ACTIVATE,
+        "python -m pip install -q --upgrade pip",  # the distro's pip predates pyproject-only packages
+        "if [ -s /nextstate-build/requirements.txt ]; then "
+        "python -m pip install -r /nextstate-build/requirements.txt; fi",
+        *([f"python -m pip install {pins}"] if pins else []),
+        f"echo '{ACTIVATE}' >> /root/.bashrc",
+    ]) + "\n"
+
+
+def setup_repo_script(row: dict[str, Any], spec: dict[str, Any], local: bool) -> str:
+    """Clones the repository into /testbed at the base commit the way SWE-bench does, then installs it."""
+    from swebench.image_builder.constants import REPO_BASE_COMMIT_BRANCH
+
+    base = row["base_commit"]
+    if local:
+        clone = f"git clone -q -o origin /nextstate-build/repo.git {TESTBED}"
+    else:
+        branch = REPO_BASE_COMMIT_BRANCH.get(row["repo"], {}).get(base, "")
+        clone = (f"git clone -o origin {'--branch ' + branch if branch else ''} --single-branch "
+                 f"https://github.com/{row['repo']} {TESTBED}")
+    return "\n".join([
+        "set -euxo pipefail",
+        TRUST_CA,
+        clone,
+        f"chmod -R 777 {TESTBED}",
+        f"cd {TESTBED}",
+        f"git reset --hard {base}",
+        "git remote remove origin",
+        f"TARGET_TIMESTAMP=$(git show -s --format=%ci {base})",
+        'git tag -l | while read tag; do TAG_COMMIT=$(git rev-list -n 1 "$tag"); '
+        'TAG_TIME=$(git show -s --format=%ci "$TAG_COMMIT"); '
+        'if [[ "$TAG_TIME" > "$TARGET_TIMESTAMP" ]]; then git tag -d "$tag" >/dev/null; fi; done',
+        "git reflog expire --expire=now --all",
+        "git gc -q --prune=now",
+        ACTIVATE,
+        *spec.get("pre_install", []),
+        *([spec["install"]] if spec.get("install") else []),
+        "git config --global user.email setup@swebench.config",
+        "git config --global user.name SWE-bench",
+        "git commit --allow-empty -qam SWE-bench",
+    ]) + "\n"
+
+
+def ca_bundle_path(explicit: str | None = None) -> Path | None:
+    """The CA bundle to trust inside builds: ``explicit``, else the host's pip/requests/OpenSSL bundle."""
+    if explicit:
+        if not Path(explicit).is_file():
+            raise SpecError(f"--ca-bundle {explicit}: no such file")
+        return Path(explicit)
+    for candidate in (*(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None, ca_bundle: Path | None) -> str:
+    """Writes the build context of one instance into ``folder``; returns a hash of its inputs."""
+    spec = spec_of(row)
+    local = repo_path(row["repo"], repo_source)
+    (folder / "Dockerfile").write_text(DOCKERFILE)
+    (folder / "setup_env.sh").write_text(setup_env_script(spec))
+    (folder / "requirements.txt").write_text(requirements(row, spec, repo_source))
+    (folder / "setup_repo.sh").write_text(setup_repo_script(row, spec, local is not None))
+    (folder / "ca.crt").write_bytes(ca_bundle.read_bytes() if ca_bundle else b"")
+    digest = hashlib.sha256()
+    for name in ("Dockerfile", "setup_env.sh", "requirements.txt", "setup_repo.sh"):
+        digest.update((folder / name).read_bytes())
+    if local is not None:
+        subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(local), str(folder / "repo.git")],
+                       check=True, capture_output=True)
+        digest.update(b"local")
+    return digest.hexdigest()[:32]
+
+
+# ---- building -----------------------------------------------------------------------------
+
+
+def base_image(client: docker.DockerClient, python: str, offline: bool, progress: Progress) -> str:
+    """The image to build on: ``python:<v>-bookworm`` online, a Debian rootfs with that Python offline."""
+    if not offline:
+        return f"python:{python}-bookworm"
+    suite = DEBIAN_PYTHON.get(python)
+    if suite is None:
+        raise SpecError(f"Python {python} is in no Debian suite this builder knows ({', '.join(DEBIAN_PYTHON)}), "
+                        f"and no image registry answers for python:{python}; build where one does")
+    return rootfs_image(client, f"swe-{suite}", OFFLINE_PACKAGES, progress, False, suite=suite)
+
+
+def build_one(row: dict[str, Any], *, client: docker.DockerClient, offline: bool, repo_source: str | None,
+              ca_bundle: Path | None, force: bool = False) -> SWEBuilt:
+    """Builds one instance's image unless its input hash is current."""
+    start = time.monotonic()
+    row = complete_row(row)
+    tag = row["image"]
+    progress = Progress(row["instance_id"])
+    with tempfile.TemporaryDirectory(prefix="nextstate-swe-", dir="/var/tmp") as tmp:
+        digest = write_context(row, Path(tmp), repo_source=repo_source, ca_bundle=ca_bundle)
+        old = image_info(client, tag)
+        if not force and image_label(old, HASH_LABEL) == digest:
+            assert old is not None
+            return SWEBuilt(row["instance_id"], tag, True, time.monotonic() - start, old["Size"])
+        base = base_image(client, spec_of(row)["python"], offline, progress)
+        docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
+    finish(client, tag, old, progress)  # drops the image this one replaced
+    return SWEBuilt(row["instance_id"], tag, False, round(time.monotonic() - start, 1),
+                    client.api.inspect_image(tag)["Size"])
+
+
+def build_swe(rows: list[dict[str, Any]], *, client: docker.DockerClient, parallel: int = 1,
+              repo_source: str | None = None, ca_bundle: str | None = None, force: bool = False,
+              offline: bool | None = None) -> Iterator[SWEBuilt]:
+    """Builds the rows' images, ``parallel`` at a time, yielding each outcome as it finishes
+    (a failed build carries its ``error``; the others go on)."""
+    if shutil.which("git") is None and repo_source:
+        raise SpecError("--repo-source needs git on this machine")
+    for row in rows:  # refuse bad rows before any build starts
+        complete_row(row)
+        spec_of(row)
+    offline = is_offline(client) if offline is None else offline
+    bundle = ca_bundle_path(ca_bundle)
+
+    def one(row: dict[str, Any]) -> SWEBuilt:
+        start = time.monotonic()
+        try:
+            return build_one(row, client=client, offline=offline, repo_source=repo_source, ca_bundle=bundle,
+                             force=force)
+        except (RuntimeError, SpecError, OSError, subprocess.CalledProcessError, docker.errors.DockerException) as e:
+            return SWEBuilt(row["instance_id"], complete_row(row)["image"], False,
+                            round(time.monotonic() - start, 1), 0, f"{type(e).__name__}: {e}")
+
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        yield from pool.map(one, rows)

@@ -1,0 +1,48 @@
+"""A rule-based step judge: a cheap, deterministic baseline for the LLM judge.
+
+It reads only the next state of a step, through the same interface as
+:class:`judges.prm.StepJudge` (``await judge(request) -> JudgeResult`` with
+votes, majority and mean), so the trainer and the agent loop take either:
+
+* the action was rejected (it did not parse, unknown tool, bad arguments) -> -1;
+* the command timed out -> -1;
+* the command exited non-zero -> -1;
+* otherwise (a tool ran and exited 0, or ended the episode) -> +1.
+
+It cannot tell a right value from a wrong one; it only says whether the
+action worked. Pick it with ``--judge rules`` (``judge.mode=rules``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from judges.prm import JudgeRequest, JudgeResult, format_action, format_next_state, tally
+
+
+def rule_vote(next_state: dict[str, Any]) -> tuple[int, str]:
+    """The vote for one next state and the rule that gave it."""
+    if not next_state.get("valid", True):
+        return -1, "the action was rejected"
+    if next_state.get("timed_out"):
+        return -1, "the command timed out"
+    code = next_state.get("exit_code")
+    if code not in (None, 0):
+        return -1, f"the command exited with {code}"
+    return 1, "the action ran and succeeded"
+
+
+class RuleJudge:
+    """Votes by rule on the next state; ``m`` identical votes (for the same shape as StepJudge)."""
+
+    def __init__(self, m: int = 1):
+        self.m = m
+
+    def template(self, family: str) -> dict[str, Any]:
+        """No prompt template is needed; any family is accepted."""
+        return {}
+
+    async def judge(self, req: JudgeRequest) -> JudgeResult:
+        vote, why = rule_vote(req.next_state)
+        prompt = f"action: {format_action(req.action)}\n{format_next_state(req.next_state, 600)}"
+        return tally([f"{why}: \\boxed{{{vote}}}"] * self.m, prompt)

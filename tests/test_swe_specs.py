@@ -1,0 +1,207 @@
+"""Plain SWE-bench rows: what is derived from them, the build context of their images, and how a
+run of them fails (no Docker; the rows and the repository are written here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from containers.swe_images import (CONDA_STANDIN, ca_bundle_path, repo_path, requirements, setup_env_script,
+                                   setup_repo_script, write_context)
+from envs.swe import instance_task
+from envs.swe import test_command as eval_test_command
+from envs.swe_grading import log_report
+from envs.swe_instances import load_instances, make_test_spec
+from envs.swe_specs import SpecError, check_row, complete_row, modified_files, spec_of, specs
+from train.evaluate import failure, model_name
+
+TEST_PATCH = """\
+diff --git a/tests/test_api.py b/tests/test_api.py
+--- a/tests/test_api.py
++++ b/tests/test_api.py
+@@ -1,2 +1,5 @@
+ def test_old():
+     assert True
++
++def test_new():
++    assert True
+diff --git a/tests/data/sample.json b/tests/data/sample.json
+new file mode 100644
+--- /dev/null
++++ b/tests/data/sample.json
+@@ -0,0 +1 @@
++{}
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture()
+def repo(tmp_path) -> tuple[Path, str, str]:
+    """A git repository of 'pallets/flask' written here: requirements with an include, two commits."""
+    work = tmp_path / "src" / "pallets+flask"
+    (work / "requirements").mkdir(parents=True)
+    (work / "requirements" / "dev.txt").write_text("-e .\n# comment\n-r tests.txt\ntox==4.0\n")
+    (work / "requirements" / "tests.txt").write_text("pytest==7.2.0\n")
+    (work / "tests").mkdir()
+    (work / "tests" / "test_api.py").write_text("def test_old():\n    assert True\n")
+    git(work, "init", "-q", "-b", "main")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    setup = git(work, "rev-parse", "HEAD")
+    (work / "README").write_text("x\n")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two")
+    return tmp_path / "src", setup, git(work, "rev-parse", "HEAD")
+
+
+def plain_row(base: str, setup: str, **extra) -> dict:
+    """A plain SWE-bench row (no image, eval_script, log_parser or eval_type)."""
+    return {"instance_id": "pallets__flask-1", "repo": "pallets/flask", "version": "2.3", "base_commit": base,
+            "environment_setup_commit": setup, "problem_statement": "Add test_new.\n", "hints_text": "",
+            "created_at": "2023-01-01T00:00:00Z", "patch": "", "test_patch": TEST_PATCH,
+            "FAIL_TO_PASS": json.dumps(["tests/test_api.py::test_new"]),
+            "PASS_TO_PASS": json.dumps(["tests/test_api.py::test_old"]), **extra}
+
+
+def test_a_plain_row_gets_swebench_image_parser_and_eval_script():
+    row = load_instances([plain_row("a" * 40, "b" * 40)])[0]
+    assert row["image"] == "sweb.eval.x86_64.pallets__flask-1:latest"
+    assert (row["log_parser"], row["eval_type"]) == ("parse_log_pytest", "pass_and_fail")
+    script = row["eval_script"]
+    assert script.count(f"git checkout {'a' * 40} tests/test_api.py") == 2  # before and after, new files not reset
+    assert "pytest -rA tests/test_api.py\n" in script  # the .json is no test directive
+    assert "python -m pip install -e ." in script and "conda activate testbed" in script
+    spec = make_test_spec(row)  # swebench's own TestSpec takes the derived fields
+    assert "SWEBENCH_TEST_EXIT_CODE=$?" in spec.eval_script
+    log = (">>>>> Start Test Output\nPASSED tests/test_api.py::test_old\n{}tests/test_api.py::test_new\n"
+           ">>>>> End Test Output\n>>>>> Test Exit Code: 0\n")
+    assert log_report(spec, "x", log.format("PASSED "))["resolved"] is True
+    assert log_report(spec, "x", log.format("FAILED "))["resolved"] is False
+
+
+def test_rows_that_already_carry_harness_fields_are_kept():
+    row = plain_row("a" * 40, "b" * 40, image="mine:1", eval_script="x", log_parser="parse_log_pytest",
+                    eval_type="pass_and_fail")
+    assert complete_row(row) == row
+
+
+def test_unknown_versions_and_extra_specs(tmp_path, monkeypatch):
+    with pytest.raises(SpecError, match=r"no install spec for pallets/flask version '9.9'"):
+        complete_row(plain_row("a" * 40, "b" * 40, version="9.9"))
+    extra = tmp_path / "specs.json"
+    extra.write_text(json.dumps({"acme/widgets": {"1.0": {"python": "3.11", "install": "pip install .",
+                                                          "test_cmd": "pytest -q"}}}))
+    monkeypatch.setenv("NEXTSTATE_SWE_SPECS", str(extra))
+    row = plain_row("a" * 40, "b" * 40, repo="acme/widgets", version="1.0", instance_id="acme__widgets-1")
+    assert spec_of(row)["test_cmd"] == "pytest -q"
+    with pytest.raises(SpecError, match="no log parser for acme/widgets"):
+        complete_row(row)
+    specs().pop("acme/widgets")
+
+
+def test_r2e_gym_rows_are_refused_with_what_they_lack():
+    with pytest.raises(SpecError, match="R2E-Gym.*no instance_id, base_commit, test_patch"):
+        check_row({"docker_image": "namanjain12/orange3_final:abc", "parsed_commit_content": "{}"})
+    with pytest.raises(SpecError, match="R2E-Gym"):
+        load_instances([{"docker_image": "x", "parsed_commit_content": "{}", "problem_statement": "p"}])
+
+
+def test_swe_gym_rows_read_like_swe_bench_rows():
+    """SWE-Gym rows have SWE-bench's columns; one of a repo with a spec loads, others name the gap."""
+    row = plain_row("a" * 40, "b" * 40)
+    assert load_instances([row])[0]["image"].startswith("sweb.eval.x86_64.")
+    with pytest.raises(SpecError, match="no install spec for getmoto/moto"):
+        load_instances([{**row, "repo": "getmoto/moto", "instance_id": "getmoto__moto-1", "version": "4.1"}])
+
+
+def test_instruction_says_the_env_is_active_and_how_to_run_tests():
+    row = load_instances([plain_row("a" * 40, "b" * 40)])[0]
+    assert eval_test_command(row) == "pytest -rA"
+    text = instance_task(row).instruction
+    assert "`testbed` activated" in text and "`pytest -rA`" in text
+    assert "activated" not in instance_task(load_instances()[0]).instruction  # the offline set has no env
+
+
+def test_modified_files_skip_new_files():
+    assert modified_files(TEST_PATCH) == ["tests/test_api.py"]
+
+
+def test_repo_source_layouts_and_requirements_at_the_setup_commit(repo, tmp_path):
+    source, setup, base = repo
+    row = plain_row(base, setup)
+    assert repo_path("pallets/flask", str(source)) == source / "pallets+flask"
+    assert repo_path("pallets/flask", None) is None  # GitHub, as SWE-bench clones
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps({"pallets/flask": str(source / "pallets+flask")}))
+    assert repo_path("pallets/flask", str(mapping)) == source / "pallets+flask"
+    with pytest.raises(SpecError, match="holds no git repository for psf/requests"):
+        repo_path("psf/requests", str(source))
+    reqs = requirements(row, spec_of(row), str(source))
+    assert reqs.split() == ["pytest==7.2.0", "tox==4.0"]  # -r inlined, -e . and comments dropped
+
+
+def test_build_context_clones_from_the_source_and_trusts_the_ca(repo, tmp_path):
+    source, setup, base = repo
+    row = complete_row(plain_row(base, setup))
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert ca_bundle_path(str(bundle)) == bundle
+    with pytest.raises(SpecError, match="no such file"):
+        ca_bundle_path(str(tmp_path / "missing.pem"))
+    context = tmp_path / "ctx"
+    context.mkdir()
+    digest = write_context(row, context, repo_source=str(source), ca_bundle=bundle)
+    assert git(context / "repo.git", "cat-file", "-t", base) == "commit"
+    assert (context / "ca.crt").read_text() == bundle.read_text()
+    repo_script = (context / "setup_repo.sh").read_text()
+    assert "git clone -q -o origin /nextstate-build/repo.git /testbed" in repo_script
+    assert f"git reset --hard {base}" in repo_script and "git remote remove origin" in repo_script
+    assert "python -m pip install -e ." in repo_script
+    env_script = setup_env_script(spec_of(row))
+    assert "python3.11 -m venv /opt/miniconda3/envs/testbed" in env_script and "Werkzeug==2.3.7" in env_script
+    assert "PIP_CERT=/nextstate-build/ca.crt" in env_script
+    online = setup_repo_script(row, spec_of(row), local=False)
+    assert "https://github.com/pallets/flask /testbed" in online
+    again = tmp_path / "ctx2"
+    again.mkdir()
+    assert write_context(row, again, repo_source=str(source), ca_bundle=None) == digest  # cache key stable
+
+
+def test_the_conda_stand_in_activates_the_venv(tmp_path):
+    script = CONDA_STANDIN.replace("/opt/miniconda3", str(tmp_path))
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(tmp_path / "envs" / "testbed")], check=True)
+    out = subprocess.run(["bash", "-c", f"{script}\nconda activate testbed && command -v python && "
+                          "echo $CONDA_DEFAULT_ENV; conda install x"], capture_output=True, text=True)
+    assert out.stdout.split() == [str(tmp_path / "envs" / "testbed" / "bin" / "python"), "testbed"]
+    assert "only 'conda activate NAME'" in out.stderr
+
+
+def test_evaluate_fails_when_all_abort_or_any_for_a_configuration_reason():
+    ok = {"total": 3, "abort_reasons": {}}
+    assert failure(ok) is None
+    assert failure({"total": 3, "abort_reasons": {"SandboxError: container died": 1}}) is None
+    missing = ("InstanceError: image sweb.eval.x86_64.a:latest is not on this Docker engine and pulling it "
+               "failed; build it with `python -m containers build-swe`. Docker said: 404 Client Error for "
+               "http+docker://localhost/v1.41/images/create?tag=latest&fromImage=sweb.eval.x86_64.a")
+    message = failure({"total": 3, "abort_reasons": {missing: 1}})
+    assert message.startswith("error: episodes aborted for a configuration reason") and missing in message
+    everything = failure({"total": 2, "abort_reasons": {"SandboxError: container died": 2}})
+    assert everything.startswith("error: every episode aborted") and "[2x] SandboxError: container died" in everything
+
+
+def test_model_name_or_path_is_the_model():
+    class Served:
+        name, model = "openai:http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B"
+
+    class Local:
+        name, model = "hf:/models/tiny", object()
+
+    assert model_name(Served(), "http://127.0.0.1:8000/v1") == "Qwen/Qwen3-8B"
+    assert model_name(Local(), "/models/tiny") == "/models/tiny"
+    assert model_name("gold", "gold") == "gold"

@@ -1,0 +1,267 @@
+"""``python -m train.sft``: supervised fine-tuning on successful trajectories (a warm start for RL).
+
+Rejection-sampling fine-tuning: keep the episodes that succeeded, and train the
+model with cross-entropy on the actions they took, each given the exact prompt
+the agent loop builds at that step (same system prompt, chat template, tool
+schemas and history). The episodes come from
+
+* ``rollouts.jsonl`` files written by ``python -m train`` (``--rollouts``):
+  the steps of trajectories whose outcome is above ``--min-outcome``; or
+* oracle runs (``--tasks``): every task's reference actions played in a real
+  sandbox, kept when the task's check passes.
+
+It works with any local model (``--model tiny``, a directory, a hub name) and
+writes a model directory that ``python -m train --model DIR`` loads::
+
+    python -m train.sft --env terminal --tasks procedural:0:64 --steps 150 --output runs/sft
+    python -m train.sft --env terminal --rollouts runs/terminal/rollouts.jsonl --output runs/sft2
+
+``python -m train`` runs it by itself before RL when the config's ``sft``
+section has ``steps > 0`` (the CPU demo does), into ``<output>/warm_start``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from agents.chat import ChatConfig, Turn, build_messages, system_prompt
+from envs import env_class
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Example:
+    """One step to imitate: the chat messages before it and the action text the agent wrote."""
+
+    messages: list[dict]
+    text: str
+
+
+def action_text(action: Any) -> str:
+    """A scripted action as the model would write it (Hermes ``<tool_call>`` JSON)."""
+    if isinstance(action, str):
+        return action
+    return "<tool_call>" + json.dumps({"name": action["name"], "arguments": action.get("arguments", {})}) \
+        + "</tool_call>"
+
+
+def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0) -> list[Example]:
+    """The steps of every trajectory in ``paths`` whose outcome is above ``min_outcome``."""
+    examples: list[Example] = []
+    for path in paths:
+        steps: dict[tuple, list[tuple[int, Example]]] = {}
+        good: list[tuple] = []
+        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            key = (row.get("group_id"), row.get("sample"))
+            if row.get("kind") == "step" and row.get("role", "agent") == "agent":
+                steps.setdefault(key, []).append((row["step"], Example(row["messages"], row["text"])))
+            elif row.get("kind") == "trajectory" and row.get("status") != "aborted" \
+                    and (row.get("outcome") or 0.0) > min_outcome:
+                good.append(key)
+        for key in good:
+            examples += [ex for _, ex in sorted(steps.get(key, []), key=lambda p: p[0])]
+    return examples
+
+
+def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig) -> list[Example]:
+    """Play ``task``'s reference actions on ``env``; its steps when the check passed, else []."""
+    first_obs, _ = env.reset(options={"task": task})
+    system = system_prompt(env.family, env.tools, tools_in_text=not policy.renders_tools)
+    turns: list[Turn] = []
+    out: list[Example] = []
+    reward = -1.0
+    for action in env.oracle_actions(task, "gold"):
+        messages = build_messages(system, first_obs, turns, policy=policy, tools=env.tools, config=chat)
+        text = action_text(action)
+        obs, reward, terminated, truncated, info = env.step(text)
+        if "aborted" in info:
+            return []
+        out.append(Example(messages, text))
+        turns.append(Turn(text, obs, valid=bool(info["next_state"].get("valid", True))))
+        if terminated or truncated:
+            break
+    return out if reward > 0 else []
+
+
+def oracle_examples(env_factory: Callable[[], Any], tasks: list[Any], policy: Any, chat: ChatConfig,
+                    parallel: int = 4) -> list[Example]:
+    """The steps of the successful oracle runs of ``tasks``, ``parallel`` sandboxes at once."""
+    envs = [env_factory() for _ in range(max(1, min(parallel, len(tasks))))]
+    try:
+        with ThreadPoolExecutor(len(envs)) as pool:
+            chunks = [tasks[i::len(envs)] for i in range(len(envs))]
+            runs = pool.map(lambda pair: [oracle_episode(pair[0], t, policy, chat) for t in pair[1]],
+                            zip(envs, chunks))
+            episodes = [ep for eps in runs for ep in eps]
+    finally:
+        for env in envs:
+            env.close()
+    if sum(not ep for ep in episodes):
+        log.warning("%d of %d oracle runs failed their check and are left out",
+                    sum(not ep for ep in episodes), len(episodes))
+    return [ex for ep in episodes for ex in ep]
+
+
+def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *, steps: int, lr: float,
+              batch_size: int, seed: int = 0, progress: bool = True) -> list[float]:
+    """``steps`` AdamW updates of token-mean cross-entropy on the examples' responses (in place
+    on ``policy.model``); returns the loss of every step."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from train.batch import Sample, collate
+    from train.loss import token_log_probs
+
+    if not examples:
+        raise ValueError("no successful trajectories to fine-tune on")
+    tok = policy.tokenizer
+    kw_tools = tools if policy.renders_tools else None
+    samples = [Sample(policy.prompt_ids(ex.messages, kw_tools), tok.encode(ex.text, add_special_tokens=False),
+                      [], 0.0, 0.0) for ex in examples]
+    samples = [s for s in samples if s.response_ids]
+    for s in samples:
+        s.old_log_probs = [0.0] * len(s.response_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    model = policy.model
+    model.train()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses: list[float] = []
+    order: list[int] = []
+    bar = tqdm(range(steps), desc="sft", disable=not progress)
+    for _ in bar:
+        if len(order) < batch_size:
+            extra = list(range(len(samples)))
+            rng.shuffle(extra)
+            order += extra
+        picked, order = order[:batch_size], order[batch_size:]
+        mb = collate([samples[i] for i in picked], pad).to(next(model.parameters()).device)
+        log_probs, _ = token_log_probs(model, mb, 1.0)
+        mask = mb.response_mask.float()
+        loss = -(log_probs * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+def save(policy: Any, output: Path, meta: dict[str, Any]) -> Path:
+    """The fine-tuned model as an HF directory (weights, tokenizer, ``sft.json``)."""
+    output.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(output)
+    policy.tokenizer.save_pretrained(output)
+    (output / "sft.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return output
+
+
+def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollouts: list[str] | None = None,
+        steps: int = 150, lr: float = 1e-3, batch_size: int = 16, seed: int = 0, parallel: int = 4,
+        max_steps: int | None = None, chat: ChatConfig | None = None, min_outcome: float = 0.0,
+        progress: bool = True) -> dict[str, Any]:
+    """Collect the examples, fine-tune ``model``, save it to ``output``; returns the run's summary."""
+    from agents.hf_policy import HFPolicy
+
+    chat = chat or ChatConfig()
+    cls = env_class(env)
+    policy = HFPolicy(model, seed=seed)
+    try:
+        examples: list[Example] = []
+        if rollouts:
+            examples += examples_from_rollouts(rollouts, min_outcome)
+        if tasks:
+            pool = cls.make_pool(parallel)
+            try:
+                task_list = list(cls(tasks=tasks).tasks)
+                examples += oracle_examples(lambda: cls(tasks=tasks, pool=pool, max_steps=max_steps),
+                                            task_list, policy, chat, parallel)
+            finally:
+                pool.close()
+        losses = fine_tune(policy, examples, cls.tools, steps=steps, lr=lr, batch_size=batch_size,
+                           seed=seed, progress=progress)
+        summary = {"model": model, "env": env, "tasks": tasks, "rollouts": rollouts, "examples": len(examples),
+                   "steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
+                   "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
+        save(policy, output, summary)
+        return summary
+    finally:
+        import asyncio
+        asyncio.run(policy.aclose())
+
+
+def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
+    """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
+    made with the same settings)."""
+    recipe = {"model": cfg.model.name, "tasks": cfg.sft.tasks, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
+              "batch_size": cfg.sft.batch_size, "seed": cfg.run.seed, "max_steps": cfg.env.max_steps,
+              "context": cfg.rollout.max_context_tokens, "response": cfg.rollout.max_response_tokens}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    done = output / "sft.json"
+    if done.is_file() and json.loads(done.read_text()).get("recipe") == key:
+        return output
+    summary = run(env=cfg.env.family, model=cfg.model.name, output=output, tasks=cfg.sft.tasks,
+                  steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
+                  parallel=cfg.rollout.parallel, max_steps=cfg.env.max_steps,
+                  chat=ChatConfig(context_tokens=cfg.rollout.max_context_tokens,
+                                  max_response_tokens=cfg.rollout.max_response_tokens), progress=progress)
+    done.write_text(json.dumps({**summary, "recipe": key}, indent=1) + "\n")
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.sft", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", default="terminal", help="environment family (its tools shape the prompt)")
+    p.add_argument("--model", default="tiny", help="HF hub name, local model directory, or 'tiny'")
+    p.add_argument("--tasks", help="task source for oracle runs (e.g. procedural:0:64, a task directory)")
+    p.add_argument("--rollouts", nargs="*", default=[], help="rollouts.jsonl files of earlier runs")
+    p.add_argument("--min-outcome", type=float, default=0.0, help="keep trajectories with an outcome above this")
+    p.add_argument("--steps", type=int, default=150, help="optimizer updates")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parallel", type=int, default=4, help="sandboxes for the oracle runs")
+    p.add_argument("--max-steps", type=int, help="env steps per oracle episode")
+    p.add_argument("--output", required=True, help="directory for the fine-tuned model")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not args.tasks and not args.rollouts:
+        print("error: give --tasks (oracle runs) and/or --rollouts FILE...", file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.batch_size < 1:
+        print("error: --steps and --batch-size must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        summary = run(env=args.env, model=args.model, output=Path(args.output), tasks=args.tasks,
+                      rollouts=args.rollouts, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                      seed=args.seed, parallel=args.parallel, max_steps=args.max_steps,
+                      min_outcome=args.min_outcome)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
