@@ -130,7 +130,7 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     """The run's config, and whether the CPU demo settings are in use."""
     if args.backend not in ("local", "verl"):
         raise ConfigError(f"--backend must be local or verl, got {args.backend!r}")
-    demo = args.backend == "local" and (args.model == "tiny" or (args.model is None and not has_gpu()))
+    demo = args.model == "tiny" or (args.backend == "local" and args.model is None and not has_gpu())
     cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
     if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
