@@ -257,7 +257,7 @@ class StepJudge:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # timeouts, HTTP errors, a broken backend: no votes
-                error = f"{type(e).__name__}: {e or f'no answer within {self.timeout}s'}"
+                error = f"{type(e).__name__}: {str(e) or f'no answer within {self.timeout:g}s'}"
                 log.warning("step judge failed (%s): %s", req.family, error)
                 return JudgeResult(error=error, prompt=prompt)
         return tally(answers, prompt)

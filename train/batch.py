@@ -109,13 +109,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     judged = [s for s in steps if s.votes]
     agreement = [max(s.votes.count(v) for v in set(s.votes)) / len(s.votes) for s in judged]
     lengths = [len(t.steps) for t in done]
+    means = [s.vote_mean for s in judged if s.vote_mean is not None]
     return {
         "episodes": len(trajectories), "aborted": len(trajectories) - len(done),
         "outcome/mean": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
         "outcome/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
         "judge/score_mean": float(np.mean([s.score for s in judged])) if judged else 0.0,
-        "judge/vote_mean": float(np.mean([s.vote_mean for s in judged if s.vote_mean is not None]
-                                         or [0.0])),
+        **({"judge/vote_mean": float(np.mean(means))} if means else {}),  # missing: no valid vote
         "judge/vote_agreement": float(np.mean(agreement)) if agreement else 0.0,
         "judge/errors": sum(s.judge_error is not None for s in steps),
         "judge/valid_action_rate": float(np.mean([bool(s.next_state.get("valid")) for s in steps]))

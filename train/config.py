@@ -38,6 +38,7 @@ class EnvConfig:
     max_steps: int = 10
     step_timeout: float = 30.0
     sandbox_backend: str = "auto"     # auto | docker | local
+    sandbox_disk: str | None = "2g"   # each sandbox's disk limit (a task's own setting wins); null: none
     user: str | None = None           # terminal: run every task as this user (default: the task's)
     tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
 
@@ -133,7 +134,8 @@ class RunConfig:
 @dataclass
 class VerlConfig:
     """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
-    rollout_engine: str = "vllm"      # vllm | sglang
+    device: str = "auto"              # auto (cpu when no accelerator is visible) | gpu | cpu
+    rollout_engine: str = "vllm"      # vllm | sglang (gpu); the cpu device uses the hf rollout
     nnodes: int = 1
     n_gpus_per_node: int = 8
     tensor_parallel_size: int = 1
@@ -190,7 +192,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if isinstance(value, str):
                 value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
             return [_coerce(v, args[0], key) for v in value]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"config key {key}: cannot use {value!r} as {getattr(tp, '__name__', tp)}") from None
     raise ConfigError(f"config key {key}: unsupported type {tp}")
 
@@ -287,6 +289,14 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _size_ok(size: str | None) -> bool:
+    from envs.sandbox import parse_size
+    try:
+        return size is None or parse_size(size) > 0
+    except ValueError:
+        return False
+
+
 def validate(cfg: Config) -> None:
     """Range checks that need no machine state."""
     checks = [
@@ -307,7 +317,9 @@ def validate(cfg: Config) -> None:
          f"judge.mode must be policy, rules, none or url, got {cfg.judge.mode!r}"),
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
+        (_size_ok(cfg.env.sandbox_disk), f"env.sandbox_disk must be a size like 2g or 512m, got {cfg.env.sandbox_disk!r}"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
+        (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),
         (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
     ]
     for ok, message in checks:

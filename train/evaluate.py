@@ -251,6 +251,24 @@ def summary_line(report: dict[str, Any], output: str | Path) -> str:
             f"{report['skipped']} skipped -> {output}")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Flags that cannot work, refused before anything starts; a policy URL is probed and its
+    model name worked out (``--model`` when ``/v1/models`` cannot say). Raises ``ValueError``."""
+    if args.parallel < 1:
+        raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.model and args.model.startswith(("http://", "https://")):
+        raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
+                         "give the URL as --policy")
+    if args.policy.startswith(("http://", "https://")):
+        from train.__main__ import probe_server
+        args.model = probe_server(args.policy, args.model, "--model", what="policy URL")
+    elif args.policy not in ORACLE_KINDS:
+        from train.__main__ import check_model
+        check_model(args.policy)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -267,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="SWE: network in the grading container (default on, as swebench's harness)")
     args = p.parse_args(argv)
     try:
+        check_args(args)
         report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,

@@ -291,11 +291,13 @@ def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
         env.close()
 
 
-def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
-    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``), a factory of envs
-    leasing from it, and the env's task list."""
+def make_envs(cfg: Config, pool_size: int | None = None,
+              run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
+    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``; ``run_id`` labels its
+    sandboxes), a factory of envs leasing from it, and the env's task list."""
     cls = env_class(cfg.env.family)
-    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
+    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+                         disk=cfg.env.sandbox_disk, run_id=run_id)
 
     def factory() -> Any:
         return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,

@@ -14,7 +14,8 @@ outcome, and the step index, judge vote mean, state hash and episode id in
 ``extra_fields`` for the ``nextstate`` trainer mode's advantage computation.
 
 Per worker process the loops share one sandbox pool, a pool of environment
-instances and the env threads (:class:`EpisodeResources`). The run's
+instances, the env threads and the rollout log (``<output>/rollouts.jsonl``,
+one file per worker process when there are several) (:class:`EpisodeResources`). The run's
 settings are the ``nextstate`` section of veRL's config (a serialized
 :class:`train.config.Config`).
 """
@@ -24,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -33,14 +36,16 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from agents.chat import ChatConfig
 from agents.policy import Generation, Policy
+from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from envs.pool import EnvCache
 from train.advantage import states_before
 from train.batch import trainable
 from train.config import Config, config_from_dict
 from train.rollout import make_envs, make_judge, run_episode, single_role
-from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_STATE, FIELD_STEP,
-                                          FIELD_VOTE_MEAN)
+from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_SCORE, FIELD_STATE,
+                                          FIELD_STEP, FIELD_VOTE_MEAN)
+from train.verl_backend.launch import RUN_ENV
 
 AGENT_NAME = "nextstate"
 
@@ -65,6 +70,7 @@ class ServerPolicy(Policy):
         self.renders_tools = "tools" in (tokenizer.chat_template or "")
         self.request_id = uuid.uuid4().hex
         self.name = "verl-server"
+        self.weight_versions: list[int] = []     # veRL's global step of the weights of each answer
 
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of the chat template over ``messages``, ready for the answer."""
@@ -81,6 +87,9 @@ class ServerPolicy(Policy):
                                       if sampling.get(k) is not None}}
         out = await self.server.generate(request_id=self.request_id, prompt_ids=prompt, sampling_params=params)
         ids = list(out.token_ids)
+        for key in ("min_global_steps", "max_global_steps"):
+            if out.extra_fields.get(key) is not None:
+                self.weight_versions.append(int(out.extra_fields[key]))
         ended = out.stop_reason != "aborted" and len(ids) < int(params.get("max_tokens") or math.inf)
         return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=prompt,
                           response_ids=ids, logprobs=list(out.log_probs or []),
@@ -102,16 +111,19 @@ class EpisodeResources:
     def __init__(self, cfg: Config, workers: int):
         self.cfg = cfg
         per_worker = max(1, math.ceil(cfg.rollout.parallel / max(1, workers)))
-        self.pool, self.factory, tasks = make_envs(cfg, pool_size=per_worker)
+        self.pool, self.factory, tasks = make_envs(cfg, pool_size=per_worker, run_id=os.environ.get(RUN_ENV))
         self.tasks = {t.id: t for t in tasks}
         self.url_judge = make_judge(cfg, None) if cfg.judge.mode == "url" else None
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
         self.envs = EnvCache(self.factory)
+        name = "rollouts.jsonl" if workers <= 1 else f"rollouts.{os.getpid()}.jsonl"
+        self.recorder = Recorder(Path(cfg.run.output) / name)
 
     def close(self) -> None:
         """Close the envs and the sandbox pool."""
         self.envs.close()
         self.pool.close()
+        self.recorder.close()
         self.executor.shutdown(wait=False)
 
 
@@ -132,9 +144,15 @@ def close_resources() -> None:
         _resources.popitem()[1].close()
 
 
-def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_length: int) -> list[AgentLoopOutput]:
-    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring)."""
+def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_length: int,
+                 weight_versions: list[int] | None = None) -> list[AgentLoopOutput]:
+    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring).
+
+    ``weight_versions``: the global steps of the weights that generated the episode; their
+    min and max are veRL's ``min_global_steps`` / ``max_global_steps`` of every output.
+    """
     outcome = float(traj.outcome or 0.0)
+    versions = weight_versions or [0]
     episode = f"{traj.group_id}/{traj.sample}"
     outputs = []
     for step, state in zip(traj.steps, states_before(traj)):
@@ -152,6 +170,8 @@ def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_le
             extra_fields={FIELD_STEP: step.index, FIELD_OUTCOME: outcome,
                           FIELD_VOTE_MEAN: math.nan if step.vote_mean is None else float(step.vote_mean),
                           FIELD_STATE: state, FIELD_EPISODE: episode, FIELD_ABORTED: traj.status == "aborted",
+                          FIELD_SCORE: float(step.score) if step.votes else None,
+                          "min_global_steps": min(versions), "max_global_steps": max(versions),
                           "reward_extra_info": {}, "turn_scores": [], "tool_rewards": []}))
     return outputs
 
@@ -176,8 +196,10 @@ class NextStateAgentLoop(AgentLoopBase):
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),
                                      sample=int(kwargs.get("session_id", 0)), judge=judge,
-                                     router=single_role(cfg.train.role), executor=res.executor, chat=chat)
+                                     router=single_role(cfg.train.role), executor=res.executor, chat=chat,
+                                     recorder=res.recorder)
         finally:
             res.envs.give_back(env)
         return step_outputs(traj, cfg.train.role, prompt_length=self.rollout_config.prompt_length,
-                            response_length=self.rollout_config.response_length)
+                            response_length=self.rollout_config.response_length,
+                            weight_versions=policy.weight_versions)
