@@ -14,7 +14,7 @@ outcome, and the step index, judge vote mean, state hash and episode id in
 ``extra_fields`` for the ``nextstate`` trainer mode's advantage computation.
 
 Per worker process the loops share one sandbox pool, a pool of environment
-instances, the env threads and the rollout log (``<output>/rollouts.jsonl``,
+instances, the env threads, the step judge and the rollout log (``<output>/rollouts.jsonl``,
 one file per worker process when there are several) (:class:`EpisodeResources`). The run's
 settings are the ``nextstate`` section of veRL's config (a serialized
 :class:`train.config.Config`).
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
@@ -47,6 +48,7 @@ from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OU
                                           FIELD_STEP, FIELD_VOTE_MEAN)
 from train.verl_backend.launch import RUN_ENV
 
+log = logging.getLogger(__name__)
 AGENT_NAME = "nextstate"
 
 
@@ -113,11 +115,21 @@ class EpisodeResources:
         per_worker = max(1, math.ceil(cfg.rollout.parallel / max(1, workers)))
         self.pool, self.factory, tasks = make_envs(cfg, pool_size=per_worker, run_id=os.environ.get(RUN_ENV))
         self.tasks = {t.id: t for t in tasks}
-        self.url_judge = make_judge(cfg, None) if cfg.judge.mode == "url" else None
+        self._judge: Any = None
+        self._judge_made = False
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
         self.envs = EnvCache(self.factory)
         name = "rollouts.jsonl" if workers <= 1 else f"rollouts.{os.getpid()}.jsonl"
         self.recorder = Recorder(Path(cfg.run.output) / name)
+
+    def judge(self, policy: Callable[[], Policy]) -> Any:
+        """The process's one step judge (None with ``judge.mode=none``), so its concurrency
+        limit bounds the run's judge requests, not each episode's. Mode ``policy`` judges on
+        ``policy()``, the server client of the loop that first asks."""
+        if not self._judge_made:
+            self._judge = make_judge(self.cfg, policy() if self.cfg.judge.mode == "policy" else None)
+            self._judge_made = True
+        return self._judge
 
     def close(self) -> None:
         """Close the envs and the sandbox pool."""
@@ -146,7 +158,8 @@ def close_resources() -> None:
 
 def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_length: int,
                  weight_versions: list[int] | None = None) -> list[AgentLoopOutput]:
-    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring).
+    """One :class:`AgentLoopOutput` per trainable step of ``traj`` (see module docstring); a step
+    whose prompt is longer than ``prompt_length`` is left out, with a warning.
 
     ``weight_versions``: the global steps of the weights that generated the episode; their
     min and max are veRL's ``min_global_steps`` / ``max_global_steps`` of every output.
@@ -158,9 +171,14 @@ def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_le
     for step, state in zip(traj.steps, states_before(traj)):
         if not trainable(step, role):
             continue
+        if len(step.prompt_ids) > prompt_length:
+            # cutting the prompt's start would train log-probs sampled under another context
+            log.warning("episode %s step %d not trained: its prompt has %d tokens, over veRL's "
+                        "prompt_length %d", episode, step.index, len(step.prompt_ids), prompt_length)
+            continue
         response = list(step.response_ids[:response_length])
         outputs.append(AgentLoopOutput(
-            prompt_ids=list(step.prompt_ids[-prompt_length:]), response_ids=response,
+            prompt_ids=list(step.prompt_ids), response_ids=response,
             response_mask=[1] * len(response),
             response_logprobs=list(step.logprobs[:len(response)]),
             reward_score=outcome, num_turns=2 * (step.index + 1),
@@ -187,8 +205,8 @@ class NextStateAgentLoop(AgentLoopBase):
         extra = kwargs.get("extra_info") or {}
         task = res.tasks[extra["task_id"]]
         policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
-        judge = res.url_judge or make_judge(cfg, ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
-                                                              self.apply_chat_template_kwargs))
+        judge = res.judge(lambda: ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
+                                               self.apply_chat_template_kwargs))
         chat = ChatConfig(context_tokens=self.rollout_config.prompt_length + self.rollout_config.response_length,
                           max_response_tokens=self.rollout_config.response_length,
                           max_images=cfg.rollout.max_images)
