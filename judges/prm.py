@@ -32,6 +32,7 @@ import yaml
 
 from agents.chat import clip, multimodal
 from agents.policy import Policy, content_text, make_policy
+from envs import registry
 from envs.base import Observation
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,6 @@ def load_template(family: str, override: Mapping[str, Any] | str | os.PathLike |
                   ) -> dict[str, Any]:
     """The family's template (its registration's ``judge_template``, else ``default.yaml``)
     with ``override`` (a dict or a YAML path) laid over it."""
-    from envs import registry
-
     known = family in registry.names()
     if not known and override is None:
         raise ValueError(f"no judge template for family {family!r}: register it in envs.registry "
