@@ -1,10 +1,10 @@
-"""Policies, the agent loop and what it records.
+"""Policies, their prompts and what an episode records (the loop that plays them is
+:mod:`train.rollout`, above the judges).
 
 * :mod:`agents.policy` -- ``Generation``, ``Policy``, ``make_policy``;
   backends :mod:`agents.openai_policy` and :mod:`agents.hf_policy`; the
   download-free ``tiny`` model in :mod:`agents.tiny`.
 * :mod:`agents.chat` -- system prompts, message building, context truncation.
-* :mod:`agents.loop` -- ``run_episode``, ``collect``, routers for several roles.
 * :mod:`agents.trajectory` -- ``Step``, ``Trajectory``; :mod:`agents.recorder` -- JSONL log.
 * :mod:`agents.testing` -- test doubles standing in for models and model servers.
 """

@@ -18,21 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.policy import Policy
+from envs import registry
 from envs.base import Observation
 
-FAMILY_INTROS = {
-    "terminal": "You are an agent working in a Linux terminal. Reach the goal of the task by "
-                "running shell commands, one tool call per answer, and look at each result "
-                "before the next step.",
-    "swe": "You are a software engineer fixing an issue in a code repository. Explore the code, "
-           "reproduce the problem, edit the files and check your fix by running tests, one tool "
-           "call per answer.",
-    "gui": "You are an agent operating a graphical interface. Each observation shows the screen; "
-           "act on it with one tool call per answer.",
-    "toolcall": "You are an assistant that solves the user's problem by calling the provided "
-                "tools, one tool call per answer, and answers when done.",
-}
-DEFAULT_INTRO = "You are an agent. Solve the task by calling the provided tools, one tool call per answer."
 TOOL_FORMAT = ('Call a tool by answering with <tool_call>{"name": <tool name>, "arguments": '
                '<JSON object of arguments>}</tool_call>.')
 
@@ -60,8 +48,10 @@ class ChatConfig:
 
 def system_prompt(family: str, tools: list[dict], role_note: str | None = None, *,
                   tools_in_text: bool = False) -> str:
-    """Family intro, role note, and -- when the template cannot render them -- the tools."""
-    parts = [FAMILY_INTROS.get(family, DEFAULT_INTRO)]
+    """Family intro (from :mod:`envs.registry`), role note, and -- when the template cannot
+    render them -- the tools."""
+    known = family in registry.names()
+    parts = [registry.spec(family).intro if known else registry.DEFAULT_INTRO]
     if role_note:
         parts.append(role_note)
     if tools_in_text:

@@ -11,7 +11,15 @@ report them, and read from whichever shape comes back:
   or dicts) and ``output_ids``; logprob entries may carry ``token_id``.
 
 A server that reports no ids yields a generation with empty ids and
-``ids_from_server=False``; text is never re-tokenized to guess them. Tool calls
+``ids_from_server=False``; text is never re-tokenized to guess them. A server
+that refuses the extra fields (``transformers serve``: HTTP 422 "Unexpected
+fields") gets the request again without them, once; the policy then stops
+sending them (logged once) and its generations carry no ids.
+
+A server that ignores ``n`` (answers one choice) is topped up with single
+requests. :meth:`OpenAIPolicy.resolve_model` works out the model name at
+start-up (``/models`` may fail or be empty) with an error that names the
+setting to fill in. Tool calls
 that a server parsed out of the text come back in ``message.tool_calls``; they
 are rendered into the text again as ``<tool_call>{json}</tool_call>`` so the
 environment's one parser sees every action the same way.
@@ -23,6 +31,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,6 +50,23 @@ ID_PARAMS = {  # vendor extensions; servers ignore the ones they do not know
 }
 
 
+class _HTTPError(PolicyError):
+    """A request the server refused (a 4xx that is not worth retrying)."""
+
+    def __init__(self, message: str, status: int, body: str):
+        super().__init__(message)
+        self.status, self.body = status, body
+
+
+def _refuses_id_fields(e: _HTTPError) -> bool:
+    """Whether the server refused the request for the vendor fields it does not know."""
+    if e.status not in (400, 422):
+        return False
+    text = e.body.lower()
+    return any(k in text for k in ID_PARAMS if k != "logprobs") or \
+        any(w in text for w in ("unexpected field", "extra field", "unrecognized", "not permitted"))
+
+
 class OpenAIPolicy(Policy):
     """Chat completions over ``httpx``, with retries.
 
@@ -55,13 +81,14 @@ class OpenAIPolicy(Policy):
             unknown fields.
         extra_body: more request fields (e.g. ``top_k``, ``chat_template_kwargs``).
         tool_choice: sent when given (vLLM needs a tool parser for ``"auto"``).
+        model_key: how users set ``model`` (``judge.model``, ``--model``), for error messages.
     """
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, *,
                  timeout: float = 300.0, max_retries: int = 4, backoff: float = 0.5,
                  max_backoff: float = 20.0, request_ids: bool = True,
                  extra_body: dict[str, Any] | None = None, tool_choice: str | None = None,
-                 max_connections: int = 256, name: str | None = None):
+                 max_connections: int = 256, name: str | None = None, model_key: str = "model"):
         url = base_url.rstrip("/")
         self.base_url = url if urlsplit(url).path not in ("", "/") else url + "/v1"
         self.model = model
@@ -72,7 +99,9 @@ class OpenAIPolicy(Policy):
         self.extra_body = dict(extra_body or {})
         self.tool_choice = tool_choice
         self.max_connections = max_connections
+        self.model_key = model_key
         self.name = name or f"openai:{model or self.base_url}"
+        self._n_ignored = False
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
@@ -101,7 +130,7 @@ class OpenAIPolicy(Policy):
                     return resp.json()
                 last = f"HTTP {resp.status_code}: {resp.text[:500]}"
                 if resp.status_code not in RETRY_STATUS:
-                    raise PolicyError(f"{method} {url} failed: {last}")
+                    raise _HTTPError(f"{method} {url} failed: {last}", resp.status_code, resp.text[:2000])
                 retry_after = resp.headers.get("retry-after", "")
                 if retry_after.replace(".", "", 1).isdigit():
                     delay = min(self.max_backoff, float(retry_after))
@@ -111,24 +140,49 @@ class OpenAIPolicy(Policy):
                 await asyncio.sleep(delay)
         raise PolicyError(f"{method} {url} failed after {self.max_retries + 1} attempts: {last}")
 
-    async def _model_name(self) -> str:
-        if self.model is None:
+    async def resolve_model(self) -> str:
+        """The model name: the one given, else the first that ``/models`` lists.
+
+        Raises :class:`PolicyError` with a one-line message naming ``model_key``
+        when the server does not answer, or it cannot say (``/models`` failing,
+        as on ``transformers serve``, or empty) and no name was given.
+        """
+        if self.model is not None:
+            return self.model
+        hint = f"set {self.model_key}=<the served model's name>"
+        try:
             models = (await self._request("GET", "/models")).get("data") or []
-            if not models:
-                raise PolicyError(f"{self.base_url}/models lists no model; pass model=")
-            self.model = models[0]["id"]
+        except PolicyError as e:
+            reason = re.sub(r"^after \d+ attempts: ", "", str(e).split(" failed", 1)[-1].lstrip(": "))
+            raise PolicyError(f"cannot work out the model name at {self.base_url}: GET /models "
+                              f"failed ({reason[:200]}); {hint}") from None
+        if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+            raise PolicyError(f"{self.base_url}/models lists no model; {hint}")
+        self.model = str(models[0]["id"])
         return self.model
 
     async def _chat(self, messages: list[dict], tools: list[dict] | None,
                     sampling: dict[str, Any], ids: bool = True) -> dict:
-        body: dict[str, Any] = {"model": await self._model_name(), "messages": messages,
+        body: dict[str, Any] = {"model": await self.resolve_model(), "messages": messages,
                                 **(self.id_params if ids else {}), **self.extra_body}
         if tools:
             body["tools"] = tools
             if self.tool_choice is not None:
                 body["tool_choice"] = self.tool_choice
         body.update({k: v for k, v in sampling.items() if v is not None})
-        data = await self._request("POST", "/chat/completions", body)
+        try:
+            data = await self._request("POST", "/chat/completions", body)
+        except _HTTPError as e:
+            if not (any(k in body for k in ID_PARAMS) and _refuses_id_fields(e)):
+                raise
+            if self.id_params:  # concurrent requests may all land here: log once
+                log.warning("%s refuses the token-id fields (%s); sending requests without them: "
+                            "generations from this server carry no token ids and are not trained on",
+                            self.base_url, e.body[:200].replace("\n", " "))
+            self.id_params = {}
+            for key in ID_PARAMS:
+                body.pop(key, None)
+            data = await self._request("POST", "/chat/completions", body)
         if not data.get("choices"):
             raise PolicyError(f"the server answered without choices: {str(data)[:500]}")
         return data
@@ -141,10 +195,20 @@ class OpenAIPolicy(Policy):
 
     async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
                        max_tokens: int = 1024) -> list[str]:
-        """``n`` answers from one request (``n`` in the body)."""
-        data = await self._chat(messages, None, {"n": n, "temperature": temperature,
-                                                 "max_tokens": max_tokens}, ids=False)
-        return [parse_choice(data, c, None).text for c in data["choices"]]
+        """``n`` answers from one request (``n`` in the body); a server that answers fewer
+        choices (it ignores ``n``) is topped up with one request per missing answer."""
+        sampling = {"temperature": temperature, "max_tokens": max_tokens}
+        data = await self._chat(messages, None, {"n": n, **sampling} if n != 1 else sampling, ids=False)
+        texts = [parse_choice(data, c, None).text for c in data["choices"]][:n]
+        if len(texts) < n:
+            if not self._n_ignored:
+                self._n_ignored = True
+                log.warning("%s answered %d of n=%d choices; topping up with single requests",
+                            self.base_url, len(texts), n)
+            more = await asyncio.gather(*(self._chat(messages, None, sampling, ids=False)
+                                          for _ in range(n - len(texts))))
+            texts += [parse_choice(d, d["choices"][0], None).text for d in more]
+        return texts
 
     async def aclose(self) -> None:
         if self._client is not None and self._client_loop is asyncio.get_running_loop():

@@ -27,7 +27,8 @@ class Reply:
     """One scripted answer.
 
     ``content``: the text of every choice (a list: one per choice; a string is
-    repeated for ``n`` choices). ``status >= 400`` sends an error body instead.
+    repeated for ``n`` choices). ``status >= 400`` sends an error body instead,
+    with ``error`` as its message.
     ``ids``: ``"vllm"`` or ``"sglang"`` adds token ids and log-probs in that
     server's shape (ids are the UTF-8 bytes, as in the tiny tokenizer).
     """
@@ -39,6 +40,7 @@ class Reply:
     ids: str | None = None
     finish_reason: str = "stop"
     headers: dict[str, str] = field(default_factory=dict)
+    error: str = ""
 
 
 Script = Callable[[dict], "Reply | str | list[str]"]
@@ -81,14 +83,16 @@ class ScriptedOpenAIServer:
     ``script(request_body)`` returns a :class:`Reply`, a string (every choice's
     text) or a list of strings (one per choice); a list of those instead of a
     callable is played in order, one per request, the last one repeating.
-    ``requests`` keeps every request body received.
+    ``requests`` keeps every request body received. ``models``: the names
+    ``GET /v1/models`` lists, or an HTTP status it fails with.
 
     ``with ScriptedOpenAIServer(lambda req: "\\\\boxed{1}") as server: server.url``
     """
 
     def __init__(self, script: Script | list[Any] | str | Reply, model: str = "scripted-model",
-                 delay: float = 0.0):
+                 delay: float = 0.0, models: list[str] | int | None = None):
         self.model, self.delay = model, delay
+        self.models = [model] if models is None else models
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         if callable(script):
@@ -114,7 +118,7 @@ class ScriptedOpenAIServer:
             reply = Reply(content=reply)
         delay = self.delay + reply.delay
         if reply.status >= 400:
-            return reply.status, {"error": {"message": f"scripted error {reply.status}"}}, \
+            return reply.status, {"error": {"message": reply.error or f"scripted error {reply.status}"}}, \
                 reply.headers, delay
         n = int(request.get("n") or 1)
         texts = reply.content if isinstance(reply.content, list) else [reply.content] * n
@@ -148,7 +152,10 @@ class ScriptedOpenAIServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list", "data": [{"id": server.model}]}, {})
+                    if isinstance(server.models, int):
+                        self._send(server.models, {"detail": "scripted failure"}, {})
+                    else:
+                        self._send(200, {"object": "list", "data": [{"id": m} for m in server.models]}, {})
                 else:
                     self._send(404, {"error": {"message": "not found"}}, {})
 

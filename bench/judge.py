@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench import report
 import containers
-from agents.loop import collect
+from train.rollout import collect
 from agents.openai_policy import OpenAIPolicy
 from agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
 from envs.pool import SandboxPool

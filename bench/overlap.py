@@ -8,7 +8,7 @@ loads go through the local backend's own scheduler
   (``asyncio.sleep``: generation on a GPU server and sandbox I/O, which leave
   the trainer's CPU free) and each update holds the learner thread as long
   (``time.sleep``: a GPU update). Ideal speed-up ``2N / (N + 1)``.
-* ``tiny`` -- real pieces on the CPU: each rollout is ``agents.loop.collect``
+* ``tiny`` -- real pieces on the CPU: each rollout is ``train.rollout.collect``
   of toolcall episodes (local sandboxes) with a scripted policy whose replies
   take a fixed delay (the server's latency), each update the learner's real
   PPO step on the ``tiny`` model; the delay is calibrated so that a rollout
@@ -49,7 +49,7 @@ def synthetic(seconds: float) -> tuple[Callable, Callable, dict, Callable[[], No
 
 def tiny(episodes: int) -> tuple[Callable, Callable, dict, Callable[[], None]]:
     from agents.hf_policy import HFPolicy
-    from agents.loop import collect
+    from train.rollout import collect
     from agents.testing import ScriptedPolicy
     from train.batch import build_batch
     from train.config import load_config

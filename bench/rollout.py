@@ -1,7 +1,7 @@
 """Rollout throughput of a local policy with batched generation, at 1, 8, 32 and 128 episodes at once.
 
 ``python -m bench.rollout --json`` prints one JSON object. Real terminal
-episodes run through the agent loop (:func:`agents.loop.collect`) on the
+episodes run through the agent loop (:func:`train.rollout.collect`) on the
 Docker sandbox pool, wired as ``python -m train`` wires them
 (:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): the
 ``tiny`` model on CPU acts, and the same local policy judges every step
@@ -33,7 +33,7 @@ import torch
 
 from agents.chat import ChatConfig
 from agents.hf_policy import HFPolicy
-from agents.loop import collect, single_role
+from train.rollout import collect, single_role
 from bench import report
 from bench.judge import settle
 from train.batch import trainable

@@ -2,7 +2,7 @@
 
 ``python -m bench.viewer --json`` prints one JSON object. It writes a run of
 about 10,000 agent steps with the project's own code (the agent loop's
-:func:`~agents.loop.collect` with its :class:`~agents.recorder.Recorder`,
+:func:`~train.rollout.collect` with its :class:`~agents.recorder.Recorder`,
 :func:`~train.batch.build_batch` for the advantages, the trainer's file
 layout), serves it with ``python -m train.view`` and drives Debian's Chromium
 through Playwright:
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from agents.loop import collect
+from train.rollout import collect
 from agents.policy import Generation, Policy
 from agents.recorder import Recorder
 from envs.actions import ToolCall, tool_schema

@@ -1,24 +1,35 @@
 """Gymnasium environments for LLM agents, each episode in a leased sandbox.
 
 ``gymnasium.make("nextstate/Terminal-v0")`` (or ``ToolCall``, ``SWE``, ``GUI``)
-gives an env whose actions are the model's text; see :mod:`envs.base`.
+gives an env whose actions are the model's text; see :mod:`envs.base`. Each
+family is one record in :mod:`envs.registry` (env class, config, prompt intro,
+judge template, validator); the four built-in ones are registered below.
 """
 
-import gymnasium
-from gymnasium.envs.registration import load_env_creator, register
+from envs import registry
 
-register(id="nextstate/Terminal-v0", entry_point="envs.terminal:TerminalEnv")
-register(id="nextstate/ToolCall-v0", entry_point="envs.toolcall:ToolCallEnv")
-# Registered here for their authors: the modules arrive with their own issues.
-register(id="nextstate/SWE-v0", entry_point="envs.swe:SWEEnv")
-register(id="nextstate/GUI-v0", entry_point="envs.gui:GUIEnv")
+registry.register(
+    "terminal", "envs.terminal:TerminalEnv", id="nextstate/Terminal-v0", config="terminal.yaml",
+    judge_template="terminal.yaml",
+    intro="You are an agent working in a Linux terminal. Reach the goal of the task by running "
+          "shell commands, one tool call per answer, and look at each result before the next step.")
+registry.register(
+    "toolcall", "envs.toolcall:ToolCallEnv", id="nextstate/ToolCall-v0", config="toolcall.yaml",
+    judge_template="toolcall.yaml",
+    intro="You are an assistant that solves the user's problem by calling the provided tools, "
+          "one tool call per answer, and answers when done.")
+registry.register(
+    "swe", "envs.swe:SWEEnv", id="nextstate/SWE-v0", config="swe.yaml", judge_template="swe.yaml",
+    validator="envs.swe:check_swe",
+    intro="You are a software engineer fixing an issue in a code repository. Explore the code, "
+          "reproduce the problem, edit the files and check your fix by running tests, one tool "
+          "call per answer.")
+registry.register(
+    "gui", "envs.gui:GUIEnv", id="nextstate/GUI-v0", config="gui.yaml", judge_template="gui.yaml",
+    intro="You are an agent operating a graphical interface. Each observation shows the screen; "
+          "act on it with one tool call per answer.")
 
 
 def env_class(family: str) -> type:
-    """The env class registered as ``nextstate/<Family>-v0`` (``terminal``, ``swe``, ...)."""
-    found = {spec.id.split("/")[1].split("-")[0].lower(): spec.entry_point
-             for spec in gymnasium.envs.registry.values() if spec.id.startswith("nextstate/")}
-    if family not in found:
-        raise ValueError(f"unknown env {family!r}; known: {', '.join(sorted(found))}")
-    entry = found[family]
-    return load_env_creator(entry) if isinstance(entry, str) else entry
+    """The env class of a registered family (``terminal``, ``swe``, ...)."""
+    return registry.spec(family).env_class()

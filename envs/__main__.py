@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from envs import registry
 from envs.validate import validate
 
 
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("validate", help="run every task with its reference solution and with "
                            "doing nothing; exit 1 if any task is unsound")
-    check.add_argument("family", help="terminal, toolcall, swe or gui")
+    check.add_argument("family", help=", ".join(registry.names()))
     check.add_argument("--tasks", help="task directory or file (default: the built-in set)")
     check.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
     check.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                        "root for terminal-bench and Harbor tasks)")
     args = parser.parse_args(argv)
     try:
-        checks = validate(args.family, args.tasks, parallel=args.parallel, backend=args.backend,
+        checks = validate(registry.resolve(args.family), args.tasks, parallel=args.parallel, backend=args.backend,
                           env_kwargs={"user": args.user} if args.user else None)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

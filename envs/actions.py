@@ -19,7 +19,9 @@ model, which the environment shows as the next observation.
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +82,24 @@ def tool_schema(name: str, description: str, properties: dict[str, Any] | None =
 
 def parse_action(action: str | dict | list, tools: list[dict[str, Any]]) -> ToolCall:
     """The first tool call in ``action``, checked against ``tools``; raises :class:`ActionError`."""
-    call = _extract(action)
+    try:
+        call = _extract(action)
+    except RecursionError:  # a chat message or list nested thousands deep
+        raise ActionError("The action is nested too deeply. " + FORMAT_HINT) from None
     return _validate(call, tools)
+
+
+def _loads(text: str, what: str, decode: Any = json.loads) -> Any:
+    """``decode(text)``, with every way JSON text can fail as an :class:`ActionError`."""
+    try:
+        return decode(text)
+    except json.JSONDecodeError as e:
+        raise ActionError(f"{what} is not valid JSON ({e.msg} at line {e.lineno} "
+                          f"column {e.colno}).") from None
+    except RecursionError:
+        raise ActionError(f"{what} is nested too deeply to read.") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise ActionError(f"{what} holds a number too large to read ({e}).") from None
 
 
 # -- finding the call ------------------------------------------------------------------
@@ -113,7 +131,7 @@ def _from_text(text: str) -> ToolCall:
         if body.startswith("{"):  # a bare JSON call, as some models write it
             try:
                 obj = json.loads(body)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
                 obj = None
             if isinstance(obj, dict) and "name" in obj:
                 return _from_dict(obj)
@@ -123,11 +141,10 @@ def _from_text(text: str) -> ToolCall:
     body = _unfence(body if end < 0 else body[:end])
     if not body:
         raise ActionError("The <tool_call> tag is empty. " + FORMAT_HINT)
-    try:
-        obj, _ = json.JSONDecoder().raw_decode(body)  # ignores junk after the JSON value
-    except json.JSONDecodeError as e:
-        raise ActionError(f"The tool call is not valid JSON ({e.msg} at line {e.lineno} "
-                          f"column {e.colno}). " + FORMAT_HINT) from None
+    try:  # raw_decode ignores junk after the JSON value
+        obj, _ = _loads(body, "The tool call", json.JSONDecoder().raw_decode)
+    except ActionError as e:
+        raise ActionError(f"{e} {FORMAT_HINT}") from None
     if not isinstance(obj, dict):
         raise ActionError("The tool call must be a JSON object with \"name\" and \"arguments\". "
                           + FORMAT_HINT)
@@ -160,11 +177,7 @@ def _from_dict(d: dict[str, Any]) -> ToolCall:
         raise ActionError("The tool call has no \"name\". " + FORMAT_HINT)
     args = d.get("arguments", d.get("parameters", {}))
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ActionError(f"The arguments of {name!r} are not valid JSON ({e.msg} at line "
-                              f"{e.lineno} column {e.colno}).") from None
+        args = _loads(args, f"The arguments of {name!r}") if args.strip() else {}
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -191,7 +204,31 @@ def _validate(call: ToolCall, tools: list[dict[str, Any]]) -> ToolCall:
     for key, value in call.arguments.items():
         if key in props:
             _check_type(call.name, key, value, props[key])
+        _check_values(call.name, key, value)
     return call
+
+
+def _check_values(tool: str, key: str, value: Any) -> None:
+    """Every string in ``value`` encodes as UTF-8; every number is finite and fits a float."""
+    todo = [value]
+    while todo:  # iterative: a value nested 100,000 deep cannot exhaust the stack
+        v = todo.pop()
+        if isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            todo.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ActionError(f"Argument {key!r} of {tool!r} holds text that cannot be encoded as "
+                                  f"UTF-8 ({v[e.start]!r} at index {e.start}, a lone surrogate).") from None
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise ActionError(f"Argument {key!r} of {tool!r} must be a finite number, got {v!r}.")
+        elif isinstance(v, int) and not isinstance(v, bool) and abs(v) > sys.float_info.max:
+            raise ActionError(f"Argument {key!r} of {tool!r} is too large a number "
+                              f"({v.bit_length()} bits).")
 
 
 def _check_type(tool: str, key: str, value: Any, schema: dict[str, Any]) -> None:

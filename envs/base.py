@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import string
 import time
@@ -40,7 +41,7 @@ from gymnasium.error import ResetNeeded
 
 from envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
 from envs.pool import PoolTimeout, SandboxPool
-from envs.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError
+from envs.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
 MAX_OBSERVATION_CHARS = 1 << 22
 INFRA_ERRORS = (SandboxError, PoolTimeout)
@@ -291,7 +292,21 @@ class NextStateEnv(gymnasium.Env):
         return self.step_timeout
 
     def run(self, command: str, timeout: float | None = None) -> CommandResult:
-        """Run ``command`` in the sandbox for ``timeout`` s (default ``step_timeout``, capped)."""
+        """Run ``command`` in the sandbox for ``timeout`` s (default ``step_timeout``, capped).
+
+        A command bash cannot take (a NUL byte, text that is not UTF-8) or a timeout that
+        is not a finite number raises :class:`~envs.actions.ActionError`: an invalid step.
+        """
+        problem = unsendable(command)
+        if problem:
+            raise ActionError(problem[0].upper() + problem[1:] + ".")
+        if timeout is not None:
+            try:
+                finite = math.isfinite(float(timeout))
+            except (TypeError, ValueError, OverflowError):
+                finite = False
+            if not finite:
+                raise ActionError(f"The timeout must be a finite number of seconds, got {timeout!r:.40}.")
         limit = self.step_timeout if timeout is None or timeout <= 0 else timeout
         return self.sandbox.run(command, timeout=min(limit, self.command_timeout_cap()))
 

@@ -60,7 +60,6 @@ from envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_s
 from envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, ToolResult
 from envs.osworld import DesktopClient, DesktopError, TaskUnsupported
 from envs.sandbox import Sandbox
-from envs.validate import check_oracles, register_validator
 
 TASKS_DIR = Path(__file__).parent / "tasks" / "gui"
 WEB_ROOT = "/home/agent/web"
@@ -563,5 +562,3 @@ class GUIEnv(NextStateEnv):
             yield {"action_type": "SCROLL", "dy": -3 if box["y"] > h / 2 else 3, "x": w // 2, "y": h // 2}
         raise DesktopError(f"could not scroll {selector!r} into view")
 
-
-register_validator("gui", GUIEnv)(check_oracles)

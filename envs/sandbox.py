@@ -20,10 +20,31 @@ bytes (``read -N``, no fork) and ``eval``-s them with stdin from ``/dev/null``
 (so a heredoc or an unbalanced quote cannot wedge the shell);
 afterwards the shell prints an end marker with the exit code on stdout and a
 second marker on stderr. Output beyond ``output_limit`` bytes per stream is
-dropped (the flood is still drained) and a visible marker says how much. On
-timeout the command's whole process tree is killed; if the shell itself does
-not come back (a builtin busy loop), the shell is restarted and the result
-says that its state was reset.
+dropped (the flood is still drained) and a visible marker says how much; the
+end marker is found however much comes before or after it. On timeout the
+command's whole process tree is killed; if the shell itself does not come back
+(a builtin busy loop), the shell is restarted and the result says that its
+state was reset. A command bash cannot take (a NUL byte, text that is not
+UTF-8) is not sent: its result says why, with exit code 2.
+
+Background jobs (``cmd &``) share the shell's output streams. What they print
+between two commands is reported apart, in :attr:`CommandResult.background`
+(and first in :attr:`CommandResult.output`, labelled); what they print while a
+command runs (or what one printing without pause has not finished printing after a
+quarter of a second) cannot be told apart from the command's own output.
+
+Hard limits (Docker backend): ``pids_limit``, ``memory``, ``cpus`` and
+``disk``. Where the engine can kill by cgroup from the host (a local engine,
+run as root) a timeout kills the command without starting a process inside
+the container, so it holds under a fork bomb that exhausted the pid limit; a
+restarted shell takes every other process in the container with it.
+``disk`` is the engine's per-container storage quota where its storage driver
+supports one (overlay2 on XFS with project quotas); elsewhere (overlay2 on
+ext4) a watchdog measures the container's writable layer while commands run
+(and at most every ``disk_check_every`` seconds between them) and, past the
+limit, kills the writers and reports ``ENOSPC`` in the result: a write can run
+past the limit by what it writes in one check interval (0.2 s; into the page cache that
+can be a few hundred MB).
 """
 
 from __future__ import annotations
@@ -31,10 +52,13 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import math
 import os
+import re
 import selectors
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -46,7 +70,7 @@ import warnings
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +85,40 @@ pids=$(tree "$1"); [ -n "$pids" ] && kill -STOP $pids 2>/dev/null
 pids="$pids $(tree "$1")"; [ -n "${pids// }" ] && kill -KILL $pids 2>/dev/null
 exit 0
 """
+# Kills every process but init (pid 1), the container's command (its oldest child), the
+# shell (pid $1, 0: none) and this script: a watchdog's or a restart's kill from inside.
+_KILL_OTHERS = r"""
+main=$(pgrep -o -P 1); keep=" 1 $main $1 $$ "
+pids=$(for p in $(pgrep .); do case "$keep" in *" $p "*) ;; *) echo "$p";; esac; done)
+[ -n "$pids" ] && kill -STOP $pids 2>/dev/null; [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+exit 0
+"""
+
+
+def parse_size(size: str | int | None) -> int | None:
+    """Bytes in ``"2g"``, ``"64m"``, ``"512k"``, ``"1.5g"`` or an int; None stays None."""
+    if size is None or isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(size).lower())
+    if not m:
+        raise ValueError(f"bad size {size!r}: use bytes or a number with k, m, g or t (e.g. '2g')")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _mib(n: int | None) -> str:
+    return f"{(n or 0) / 2 ** 20:.0f} MiB"
+
+
+def unsendable(command: str) -> str | None:
+    """Why bash cannot be given ``command`` (a NUL byte, text that is not UTF-8), or None."""
+    if "\x00" in command:
+        return ("the command contains a NUL byte, which bash cannot hold in a command line "
+                "(write one with printf '\\0')")
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"the command contains text that is not UTF-8 ({command[e.start]!r} at index {e.start})"
+    return None
 
 
 class SandboxError(RuntimeError):
@@ -99,6 +157,7 @@ class SandboxSpec:
     pids_limit: int = 256
     output_limit: int = 64 * 1024
     default_timeout: float = 30.0
+    disk: str | int | None = "2g"     # the writable layer's size limit; None: no limit
     command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
 
 
@@ -113,13 +172,16 @@ class CommandResult:
     timed_out: bool = False
     truncated: bool = False
     shell_restarted: bool = False
+    background: str = ""   # what background jobs printed since the previous command ended
 
     @property
     def output(self) -> str:
-        """stdout and stderr together, as a terminal would show them."""
-        if self.stdout and self.stderr:
-            return self.stdout.rstrip("\n") + "\n" + self.stderr
-        return self.stdout or self.stderr
+        """stdout and stderr together, as a terminal would show them (background output first)."""
+        text = self.stdout.rstrip("\n") + "\n" + self.stderr if self.stdout and self.stderr \
+            else self.stdout or self.stderr
+        if self.background:
+            text = f"[background jobs printed:]\n{self.background.rstrip(chr(10))}\n[end of background output]\n" + text
+        return text
 
     @property
     def ok(self) -> bool:
@@ -130,48 +192,57 @@ class CommandResult:
 
 
 class _Capped:
-    """Keeps the first ``limit`` bytes of a stream and a short tail for the end marker."""
+    """One stream of one command: the first ``limit`` bytes before its end marker, the exit
+    code after it, and whatever came after that (output of background jobs).
 
-    def __init__(self, limit: int | None, marker: bytes):
-        self.limit, self.marker = limit, marker
-        self.head = bytearray()
-        self.tail = bytearray()
+    The marker is looked for in every chunk plus the few bytes kept back from the one
+    before, so no flood before or after it can push it out of sight.
+    """
+
+    def __init__(self, limit: int | None, marker: bytes, with_code: bool):
+        self.limit = limit
+        self.end = re.compile(re.escape(marker) + (rb"(-?\d+)\x1e" if with_code else b""))
+        self.keep = len(marker) + 8   # the longest end that can straddle two chunks
+        self.body = bytearray()
+        self.pending = b""
+        self.late = bytearray()       # after the end marker
         self.dropped = 0
+        self.code: int | None = None
+        self.finished = False
 
     def feed(self, data: bytes) -> None:
-        if self.limit is None or len(self.head) < self.limit:
-            room = len(data) if self.limit is None else self.limit - len(self.head)
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
-            keep = len(self.marker) + 64
-            if len(self.tail) > keep:
-                self.dropped += len(self.tail) - keep
-                del self.tail[:-keep]
+        if self.finished:
+            self.late += data
+            return
+        data = self.pending + data
+        m = self.end.search(data)
+        if m:
+            self._keep(data[:m.start()])
+            self.code = int(m.group(1)) if m.groups() else None
+            self.late += data[m.end():]
+            self.pending, self.finished = b"", True
+        else:
+            cut = max(0, len(data) - self.keep)
+            self._keep(data[:cut])
+            self.pending = data[cut:]
+
+    def _keep(self, data: bytes) -> None:
+        room = len(data) if self.limit is None else max(0, self.limit - len(self.body))
+        self.body += data[:room]
+        self.dropped += len(data) - min(room, len(data))
 
     def done(self) -> bool:
-        return self.marker in self.head or self.marker in self.tail
+        return self.finished
 
     def text(self) -> tuple[str, int | None, bool]:
         """Decoded text before the marker, the exit code after it, truncated?"""
-        buf = bytes(self.head + self.tail)
-        i = buf.rfind(self.marker)
-        rc = None
-        if i >= 0:
-            rest = buf[i + len(self.marker):]
-            end = rest.find(b"\x1e")
-            try:
-                rc = int(rest[:end]) if end > 0 else None
-            except ValueError:
-                rc = None
-            buf = buf[:i]
-        body = buf[: self.limit] if self.limit is not None else buf
-        extra = len(buf) - len(body) + self.dropped
-        text = body.decode("utf-8", errors="replace")
-        if extra > 0:
-            text += f"\n[... output truncated: {extra} more bytes not shown ...]\n"
-        return text, rc, extra > 0
+        if not self.finished:  # timed out or restarted: what was kept back is output too
+            self._keep(self.pending)
+            self.pending = b""
+        text = bytes(self.body).decode("utf-8", errors="replace")
+        if self.dropped > 0:
+            text += f"\n[... output truncated: {self.dropped} more bytes not shown ...]\n"
+        return text, self.code, self.dropped > 0
 
 
 class Sandbox(ABC):
@@ -183,12 +254,19 @@ class Sandbox(ABC):
     """
 
     backend: str = "abstract"
+    disk_check_every: float = 2.0   # seconds between disk measurements when commands are short
+    disk_check_running: float = 0.2  # seconds between disk measurements while a command runs
+    kill_grace: float = 1.5         # after a timeout's kill, seconds before the shell is restarted
 
     def __init__(self, spec: SandboxSpec):
         self.spec = spec
         self.id = uuid.uuid4().hex[:12]
         self._shell_pid: int | None = None
         self.closed = False
+        self._in_flight = False                    # a command was sent and not seen to end
+        self._late: list[bytes] = []               # background output after the last end marker
+        self._disk_limit = parse_size(spec.disk)
+        self._disk_checked = 0.0
 
     # -- transport, per backend ------------------------------------------------
     @abstractmethod
@@ -205,8 +283,23 @@ class Sandbox(ABC):
     def _close_shell(self) -> None: ...
 
     @abstractmethod
-    def _kill_tree(self, pid: int) -> None:
-        """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself."""
+    def _kill_tree(self, pid: int) -> bool | None:
+        """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself.
+
+        True: the sandbox was out of pids (a fork bomb), so the shell may be stuck retrying a
+        fork and is best restarted at once."""
+
+    def _kill_others(self, keep_shell: bool = True) -> None:
+        """Kill every process of the sandbox but its init (and its shell when ``keep_shell``).
+
+        Default: the shell's descendants (a backend that sees more kills more).
+        """
+        if self._shell_pid:
+            self._kill_tree(self._shell_pid)
+
+    def _disk_used(self) -> int | None:
+        """Bytes written to the sandbox's disk, when a watchdog must measure them; else None."""
+        return None
 
     @abstractmethod
     def _shell_exit_code(self) -> int | None:
@@ -230,6 +323,7 @@ class Sandbox(ABC):
     # -- the protocol ----------------------------------------------------------
     def _start_shell(self) -> None:
         self._open_shell()
+        self._in_flight = False
         res = self._exchange("echo $$", timeout=20, limit=None)
         try:
             self._shell_pid = int(res.stdout.strip())
@@ -241,33 +335,71 @@ class Sandbox(ABC):
 
         Never raises for anything the command does (errors, floods, hangs):
         those come back in the result. Raises :class:`SandboxError` only when
-        the sandbox itself is gone.
+        the sandbox itself is gone, and ``ValueError`` for a ``timeout`` that
+        is not a positive finite number.
         """
         if self.closed:
             raise SandboxError(f"sandbox {self.id} is closed")
         timeout = self.spec.default_timeout if timeout is None else timeout
-        return self._exchange(command, timeout, self.spec.output_limit)
+        try:
+            seconds = float(timeout)
+        except (TypeError, ValueError, OverflowError):
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
+        problem = unsendable(command)
+        if problem:
+            return CommandResult("", f"nextstate: {problem}; the command was not run.\n", 2, 0.0)
+        if self._in_flight:  # an earlier exchange was cut short: its output would leak into this one
+            log.warning("sandbox %s: the previous command did not finish cleanly; restarting its shell",
+                        self.id)
+            self._restart_shell()
+        return self._exchange(command, seconds, self.spec.output_limit)
+
+    def _background_output(self, limit: int | None) -> str:
+        """What background jobs printed since the last end marker (read without waiting)."""
+        parts, self._late = self._late, []
+        stop = time.monotonic() + 0.25   # a job printing without pause cannot hold the next command up
+        wait, quiet = 0.0, 0                # a quiet shell costs one look; a talking one, until it pauses
+        while time.monotonic() < stop and quiet < 2:
+            chunks = self._recv(wait)
+            if chunks is None or (not chunks and wait == 0.0):
+                break
+            quiet = 0 if chunks else quiet + 1
+            parts += [data for _, data in chunks]
+            wait = 0.01
+        late = b"".join(parts)
+        if limit is not None and len(late) > limit:
+            return late[:limit].decode("utf-8", errors="replace") + \
+                f"\n[... {len(late) - limit} more bytes not shown ...]"
+        return late.decode("utf-8", errors="replace")
 
     def _exchange(self, command: str, timeout: float, limit: int | None) -> CommandResult:
         nonce = uuid.uuid4().hex[:10]
         out_m, err_m = f"\n\x1e{nonce}:".encode(), f"\x1e{nonce}!".encode()
         body = command.encode()
+        background = self._background_output(limit)
         # `read -N` takes the command's exact bytes off the stream: no fork needed,
         # so a sandbox whose pids are exhausted still answers.
         line = (
             f"IFS= LC_ALL=C read -r -d '' -N {len(body)} __ns_cmd; eval \"$__ns_cmd\" </dev/null; "
             f"printf '\\n\\036{nonce}:%d\\036' $?; printf '\\036{nonce}!' >&2\n"
         ).encode() + body
-        out, err = _Capped(limit, out_m), _Capped(limit, err_m)
+        out, err = _Capped(limit, out_m, True), _Capped(limit, err_m, False)
         start = time.monotonic()
         deadline = start + timeout
         timed_out = restarted = False
+        disk_full: int | None = None
         rc_exit: int | None = None
+        self._in_flight = True
         try:
             self._send(line)
         except OSError as e:
             raise self._gone(e) from e
         next_kill = float("inf")
+        watch = self._disk_limit is not None and limit is not None
+        next_disk = (start if start - self._disk_checked >= self.disk_check_every else
+                     start + self.disk_check_running) if watch else float("inf")
         while not (out.done() and err.done()):
             now = time.monotonic()
             if now >= deadline:
@@ -276,13 +408,23 @@ class Sandbox(ABC):
                     restarted = True
                     break
                 timed_out = True
-                deadline, next_kill = now + 3.0, now
+                deadline, next_kill = now + self.kill_grace, now
             if now >= next_kill and self._shell_pid:
                 # Kill the command's processes; repeat while the rest of its line runs.
-                self._kill_tree(self._shell_pid)
+                if self._kill_tree(self._shell_pid):
+                    self._restart_shell()
+                    restarted = True
+                    break
                 next_kill = time.monotonic() + 0.25
-            chunks = self._recv(max(0.001, min(deadline, next_kill) - now, 0) if timed_out
-                                else min(deadline - now, 1.0))
+            if now >= next_disk:
+                used = self._disk_used()
+                self._disk_checked = time.monotonic()
+                next_disk = self._disk_checked + self.disk_check_running
+                if used is not None and used > self._disk_limit:  # type: ignore[operator]
+                    disk_full = used
+                    self._kill_others()
+            wake = min(deadline, next_kill, next_disk)
+            chunks = self._recv(max(0.001, wake - now) if timed_out else max(0.001, min(wake - now, 1.0)))
             if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
                 code = self._shell_exit_code()
                 if code is None:
@@ -293,23 +435,31 @@ class Sandbox(ABC):
                 break
             for stream, data in chunks:
                 (out if stream == STDOUT else err).feed(data)
+        if not restarted:
+            self._in_flight = False
+            self._late = [bytes(out.late), bytes(err.late)]
         elapsed = time.monotonic() - start
         stdout, rc, t1 = out.text()
         stderr, _, t2 = err.text()
         if timed_out:
             stderr += f"\n[command timed out after {timeout:g}s and was killed]\n"
             rc = 124 if rc is None or rc == 0 else rc
+        if disk_full is not None:
+            stderr += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(self._disk_limit)} is used up "
+                       f"({_mib(disk_full)} written); the processes writing were killed. "
+                       "Delete files to free space.]\n")
+            rc = 28 if rc is None or rc == 0 else rc   # 28: ENOSPC
         if rc_exit is not None:
             rc = rc_exit
             stderr += "[the shell exited; a new one was started: cwd and environment were reset]\n"
         elif restarted:
             stderr += "[the shell did not respond and was restarted: cwd and environment were reset]\n"
         return CommandResult(stdout, stderr, 124 if rc is None else rc, elapsed,
-                             timed_out, t1 or t2, restarted)
+                             timed_out, t1 or t2, restarted, background)
 
     def _restart_shell(self) -> None:
-        if self._shell_pid:
-            self._kill_tree(self._shell_pid)
+        """A new shell; every other process (background jobs included) is killed."""
+        self._kill_others(keep_shell=False)
         self._close_shell()
         self._start_shell()
 
@@ -375,23 +525,105 @@ class Sandbox(ABC):
         return f"<{type(self).__name__} {self.id} image={self.spec.image}>"
 
 
+class _HostCgroup:
+    """A container's cgroup seen from the host: freeze it, list and kill its processes.
+
+    Needs a local engine and write access to ``/sys/fs/cgroup`` (root); works with
+    cgroup v1 (the freezer and pids controllers) and v2. :meth:`find` returns None
+    where that is not so, and callers fall back to killing from inside.
+    """
+
+    ROOT = Path("/sys/fs/cgroup")
+
+    def __init__(self, procs: Path, freeze: Path, frozen: Callable[[], bool], pids: Path, v2: bool):
+        self.procs, self.freeze_file, self._frozen, self.pids_dir, self.v2 = procs, freeze, frozen, pids, v2
+
+    @classmethod
+    def find(cls, init_pid: int, container_id: str) -> "_HostCgroup | None":
+        try:
+            lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        v1: dict[str, str] = {}
+        unified = None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if not controllers:
+                unified = path
+            for c in controllers.split(","):
+                v1[c] = path
+        if container_id not in v1.get("freezer", unified or ""):  # another host's pid, or no match
+            return None
+        if "freezer" in v1:
+            d = cls.ROOT / "freezer" / v1["freezer"].lstrip("/")
+            state = d / "freezer.state"
+            found = cls(d / "cgroup.procs", state, lambda: state.read_text().strip() == "FROZEN",
+                        cls.ROOT / "pids" / v1.get("pids", "/").lstrip("/"), False)
+        else:
+            d = cls.ROOT / (unified or "/").lstrip("/")
+            events = d / "cgroup.events"
+            found = cls(d / "cgroup.procs", d / "cgroup.freeze",
+                        lambda: "frozen 1" in events.read_text(), d, True)
+        return found if os.access(found.freeze_file, os.W_OK) else None
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in self.procs.read_text().split()]
+
+    def near_pid_limit(self) -> bool:
+        """Whether the pid limit is (nearly) exhausted: a fork bomb, as far as anyone can tell."""
+        try:
+            limit = (self.pids_dir / "pids.max").read_text().strip()
+            current = int((self.pids_dir / "pids.current").read_text())
+        except (OSError, ValueError):
+            return False
+        return limit != "max" and current >= 0.9 * int(limit)
+
+    def kill(self, choose: Callable[[dict[int, int]], set[int]]) -> None:
+        """Freeze, SIGKILL ``choose({pid: parent pid})``, thaw: nothing forks while we look."""
+        self.freeze_file.write_text("FROZEN" if not self.v2 else "1")
+        try:
+            deadline = time.monotonic() + 1.0
+            while not self._frozen() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            parents = {}
+            for pid in self.pids():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue  # gone meanwhile
+            for pid in choose(parents):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            self.freeze_file.write_text("THAWED" if not self.v2 else "0")
+
+
+def _descendants(parents: dict[int, int], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
 class DockerSandbox(Sandbox):
     """A container on a Docker engine, with its shell on one open exec socket."""
 
     backend = "docker"
+    _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
 
     def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str]):
         super().__init__(spec)
         self.client = client
-        self.container = client.containers.create(
-            spec.image, spec.command, detach=True, init=True,
-            labels=labels, user=spec.user, working_dir=spec.workdir,
-            environment=spec.env, network_mode="bridge" if spec.network else "none",
-            cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
-            security_opt=["no-new-privileges"],
-            pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
-            nano_cpus=int(spec.cpus * 1e9), auto_remove=False,
-        )
+        self.container = self._create(spec, client, labels)
         try:
             self.container.start()
         except Exception as e:
@@ -404,11 +636,43 @@ class DockerSandbox(Sandbox):
         self.id = self.container.id[:12]
         self._sock: socket.socket | None = None
         self._buf = b""
+        self._shell_host_pid: int | None = None
         try:
+            self.container.reload()
+            self._init_pid = int(self.container.attrs["State"]["Pid"])
+            local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
+            self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
             self._start_shell()
         except BaseException:
             self.close()
             raise
+
+    def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
+        """Create the container, with the engine's storage quota when its driver has one."""
+        import docker
+
+        kw = dict(init=True, labels=labels, user=spec.user, working_dir=spec.workdir,
+                  environment=spec.env, network_mode="bridge" if spec.network else "none",
+                  cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
+                  security_opt=["no-new-privileges"],
+                  pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
+                  nano_cpus=int(spec.cpus * 1e9), auto_remove=False)
+        engine = str(client.api.base_url)
+        if self._disk_limit is not None and self._quota_support.get(engine, True):
+            try:
+                container = client.containers.create(spec.image, spec.command,
+                                                     storage_opt={"size": str(self._disk_limit)}, **kw)
+            except docker.errors.APIError as e:
+                if "storage" not in str(e).lower() and "quota" not in str(e).lower():
+                    raise
+                log.info("engine %s has no storage quota (%s): a watchdog enforces disk limits",
+                         engine, str(e).splitlines()[0][:200])
+                self._quota_support[engine] = False
+            else:
+                self._quota_support[engine] = True
+                self._disk_limit = None   # the engine enforces it: real ENOSPC, nothing to watch
+                return container
+        return client.containers.create(spec.image, spec.command, **kw)
 
     @property
     def address(self) -> str | None:
@@ -428,6 +692,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
         self._sock = getattr(sock, "_sock", sock)
         self._buf = b""
+        self._shell_host_pid = None   # looked up when first needed
 
     def _send(self, data: bytes) -> None:
         assert self._sock is not None
@@ -436,7 +701,7 @@ class DockerSandbox(Sandbox):
 
     def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
         assert self._sock is not None
-        self._sock.settimeout(max(timeout, 0.001))
+        self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
         try:
             data = self._sock.recv(1 << 16)
         except (socket.timeout, BlockingIOError):
@@ -463,11 +728,66 @@ class DockerSandbox(Sandbox):
                 pass
             self._sock = None
 
-    def _kill_tree(self, pid: int) -> None:
+    def _host_shell_pid(self) -> int | None:
+        if self._shell_host_pid is None:
+            try:
+                self._shell_host_pid = int(self.client.api.exec_inspect(self._exec_id)["Pid"]) or None
+            except Exception:
+                return None
+        return self._shell_host_pid
+
+    def _main_pid(self, parents: dict[int, int]) -> set[int]:
+        """The container's init and its oldest child (the container's command): never killed."""
+        kids = [p for p, pp in parents.items() if pp == self._init_pid]
+        if not kids:
+            return {self._init_pid}
+
+        def started(pid: int) -> int:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                return int(stat[stat.rindex(")") + 2:].split()[19])
+            except (OSError, ValueError, IndexError):
+                return 1 << 62
+        return {self._init_pid, min(kids, key=started)}
+
+    def _kill_tree(self, pid: int) -> bool | None:
+        shell = self._host_shell_pid() if self._cgroup else None
+        if self._cgroup is not None and shell is not None:
+            bomb = self._cgroup.near_pid_limit()
+            try:  # the command's tree; under a fork bomb, everything but the shell
+                self._cgroup.kill(lambda parents: set(parents) - self._main_pid(parents) - {shell}
+                                  if bomb else _descendants(parents, shell))
+                return bomb
+            except OSError as e:
+                log.warning("cgroup kill in %s failed (%s); killing from inside", self.id, e)
         try:
             self.container.exec_run(["bash", "-c", _KILL_TREE, "kill", str(pid)], user=self.spec.user)
         except Exception as e:
             log.warning("could not kill processes in %s: %s", self.id, e)
+
+    def _kill_others(self, keep_shell: bool = True) -> None:
+        shell = self._host_shell_pid() if self._cgroup else None
+        if self._cgroup is not None and (shell is not None or not keep_shell):
+            keep = {shell} if keep_shell else set()
+            try:
+                self._cgroup.kill(lambda parents: set(parents) - self._main_pid(parents) - keep)
+                return
+            except OSError as e:
+                log.warning("cgroup kill in %s failed (%s); killing from inside", self.id, e)
+        try:  # from inside: everything but init, the container's command and the shell
+            self.container.exec_run(["bash", "-c", _KILL_OTHERS, "kill",
+                                     str(self._shell_pid if keep_shell and self._shell_pid else 0)],
+                                    user=self.spec.user)
+        except Exception as e:
+            log.warning("could not kill processes in %s: %s", self.id, e)
+
+    def _disk_used(self) -> int | None:
+        try:
+            listed = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
+        except Exception as e:
+            log.debug("measuring the disk of %s: %s", self.id, e)
+            return None
+        return int(listed[0].get("SizeRw") or 0) if listed else None
 
     def _shell_exit_code(self) -> int | None:
         try:
@@ -512,6 +832,7 @@ class LocalSandbox(Sandbox):
 
     def __init__(self, spec: SandboxSpec):
         super().__init__(spec)
+        self._disk_limit = None   # not enforced: the scratch directory is on the host's disk
         self.root = Path(tempfile.mkdtemp(prefix="nextstate-sbx-"))
         self.bwrap = shutil.which("bwrap")
         self._proc: subprocess.Popen | None = None

@@ -25,7 +25,7 @@ from envs.swe_grading import Grade, grade, summary
 from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME
 from envs.swe_instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
                                 harness_image, is_offline, load_instances, sandbox_user)
-from envs.validate import check_oracles, register_validator
+from envs.validate import check_oracles
 
 EDITOR_SOURCE = Path(__file__).with_name("swe_editor.py").read_text()
 EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
@@ -236,7 +236,6 @@ class SWEEnv(NextStateEnv):
             self._client = None
 
 
-@register_validator("swe", SWEEnv)
 def check_swe(env: NextStateEnv, task: Task) -> str | None:
     """The gold patch must resolve, an empty one must not, and at the base commit (with the
     test patch) every FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass."""

@@ -1,29 +1,25 @@
 """Oracle check of a task set: the reference solution must score +1, doing nothing must not.
 
-Each family registers a check with :func:`register_validator`; a check gets
-an env (one per worker thread, all sharing one sandbox pool) and a task, and
-returns ``None`` when the task is sound or the reason it is not. Families not
-registered here are looked up by importing ``envs.<family>``, whose module
-may register its own check. Most families use :func:`check_oracles`, which
-plays the env's ``oracle_actions``.
+A family's check is the ``validator`` of its record in :mod:`envs.registry`;
+a check gets an env (one per worker thread, all sharing one sandbox pool) and
+a task, and returns ``None`` when the task is sound or the reason it is not.
+Families that name none get :func:`check_oracles`, which plays the env's
+``oracle_actions``.
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from tqdm import tqdm
 
+from envs import registry
 from envs.base import NextStateEnv, Task, play
-from envs.terminal import TerminalEnv
-from envs.toolcall import ToolCallEnv
+from envs.pool import EnvCache
 
 CheckFn = Callable[[NextStateEnv, Task], "str | None"]
-_VALIDATORS: dict[str, tuple[type[NextStateEnv], CheckFn]] = {}
 
 
 @dataclass
@@ -35,24 +31,12 @@ class Check:
     reason: str = ""
 
 
-def register_validator(family: str, env_cls: type[NextStateEnv]) -> Callable[[CheckFn], CheckFn]:
-    """Decorator: ``@register_validator("terminal", TerminalEnv)`` on a check function."""
-    def wrap(fn: CheckFn) -> CheckFn:
-        _VALIDATORS[family] = (env_cls, fn)
-        return fn
-    return wrap
-
-
 def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
-    """The env class and check of ``family``."""
-    if family not in _VALIDATORS:
-        try:
-            importlib.import_module(f"envs.{family}")
-        except ImportError:
-            pass
-    if family not in _VALIDATORS:
-        raise ValueError(f"no validator for {family!r}; known: {', '.join(sorted(_VALIDATORS))}")
-    return _VALIDATORS[family]
+    """The env class and check of ``family`` (from its registry record)."""
+    if family not in registry.names():
+        raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())}")
+    record = registry.spec(family)
+    return record.env_class(), record.check()
 
 
 def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str = "auto",
@@ -81,16 +65,14 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
             raise ValueError(f"no {family} tasks found in {tasks}")
         return sorted(failed, key=lambda c: c.task_id)
     pool = env_cls.shared_pool(loaded, parallel, backend=backend)
-    local, envs = threading.local(), []
+    envs = EnvCache(lambda: env_cls(loaded, pool=pool, backend=backend, **kw))
 
     def one(task: Task) -> Check:
-        if not hasattr(local, "env"):
-            local.env = env_cls(loaded, pool=pool, backend=backend, **kw)
-            envs.append(local.env)
-        try:
-            reason = check(local.env, task)
-        except Exception as e:  # a broken task must not stop the others
-            reason = one_line(e)
+        with envs.env() as env:
+            try:
+                reason = check(env, task)
+            except Exception as e:  # a broken task must not stop the others
+                reason = one_line(e)
         return Check(task.id, reason is None, reason or "")
 
     checks = failed
@@ -103,8 +85,7 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
                 if progress and not checks[-1].ok:
                     tqdm.write(f"FAIL {checks[-1].task_id}: {checks[-1].reason}")
     finally:
-        for env in envs:
-            env.close()
+        envs.close()
         if pool is not None:
             pool.close()
     return sorted(checks, key=lambda c: c.task_id)
@@ -147,7 +128,3 @@ def check_oracles(env: NextStateEnv, task: Task) -> str | None:
     if reward >= 1:
         return "doing nothing already scores +1"
     return None
-
-
-register_validator("terminal", TerminalEnv)(check_oracles)
-register_validator("toolcall", ToolCallEnv)(check_oracles)

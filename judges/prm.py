@@ -9,9 +9,10 @@ hindsight hint between ``[HINT_START]`` and ``[HINT_END]``.
 
 A judge failure (timeout, server error) gives no votes and an ``error``; it is
 logged and never raised, so a rollout never waits on or dies with its judge.
-Prompts come from ``judges/templates/<family>.yaml`` (keys ``system``,
-``user``, ``hint``, ``limits``); pass ``templates={family: dict_or_path}`` to
-override any of them.
+Prompts come from the family's ``judge_template`` in :mod:`envs.registry`
+(keys ``system``, ``user``, ``hint``, ``limits``; a family registered without
+one gets ``judges/templates/default.yaml``); pass
+``templates={family: dict_or_path}`` to override any of them.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import yaml
 
 from agents.chat import clip, multimodal
 from agents.policy import Policy, content_text, make_policy
+from envs import registry
 from envs.base import Observation
 
 log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+DEFAULT_TEMPLATE = "default.yaml"  # what a family registered without judge_template gets
 _BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 _HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
 DEFAULT_LIMITS = {"keep_first": 1, "keep_last": 6, "step_output_chars": 600,
@@ -117,17 +120,30 @@ def tally(answers: list[str], prompt: str = "") -> JudgeResult:
 
 def load_template(family: str, override: Mapping[str, Any] | str | os.PathLike | None = None
                   ) -> dict[str, Any]:
-    """The family's template with ``override`` (a dict or a YAML path) laid over it."""
-    path = TEMPLATES / f"{family}.yaml"
-    base: dict[str, Any] = yaml.safe_load(path.read_text()) if path.exists() else {}
+    """The family's template (its registration's ``judge_template``, else ``default.yaml``)
+    with ``override`` (a dict or a YAML path) laid over it."""
+    known = family in registry.names()
+    if not known and override is None:
+        raise ValueError(f"no judge template for family {family!r}: register it in envs.registry "
+                         f"or pass templates={{{family!r}: ...}}")
+    source = (registry.spec(family).judge_template or DEFAULT_TEMPLATE) if known else {}
+    if isinstance(source, str) and "/" not in source and os.sep not in source:
+        source = TEMPLATES / source   # a bare file name: one of the templates shipped here
+    base = _read_template(source)
     if override is not None:
-        extra = override if isinstance(override, Mapping) else yaml.safe_load(Path(override).read_text())
+        extra = _read_template(override)
         base = {**base, **extra, "limits": {**base.get("limits", {}), **extra.get("limits", {})}}
     if "user" not in base:
-        raise ValueError(f"no judge template for family {family!r}: add judges/templates/"
-                         f"{family}.yaml or pass templates={{{family!r}: ...}}")
+        raise ValueError(f"judge template for family {family!r} has no 'user' prompt")
     base["limits"] = {**DEFAULT_LIMITS, **base.get("limits", {})}
     return base
+
+
+def _read_template(source: Mapping[str, Any] | str | os.PathLike) -> dict[str, Any]:
+    """A template given as a dict or a YAML path."""
+    if isinstance(source, Mapping):
+        return dict(source)
+    return yaml.safe_load(Path(source).read_text()) or {}
 
 
 def format_action(action: dict | str | None) -> str:
@@ -240,7 +256,7 @@ class StepJudge:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # timeouts, HTTP errors, a broken backend: no votes
-                error = f"{type(e).__name__}: {e or f'no answer within {self.timeout}s'}"
+                error = f"{type(e).__name__}: {str(e) or f'no answer within {self.timeout:g}s'}"
                 log.warning("step judge failed (%s): %s", req.family, error)
                 return JudgeResult(error=error, prompt=prompt)
         return tally(answers, prompt)

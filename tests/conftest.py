@@ -12,6 +12,9 @@ import pytest
 
 from envs.pool import docker_available
 
+# Task directories under fixtures/ hold their own test_outputs.py files: task data, not tests.
+collect_ignore = ["fixtures"]
+
 TERMINAL_IMAGE = "nextstate/terminal:latest"
 
 

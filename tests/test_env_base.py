@@ -9,6 +9,7 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
+from envs import registry
 from envs.actions import tool_schema
 from envs.base import AnyText, NextStateEnv, Outcome, Task, ToolResult
 from envs.pool import SandboxPool
@@ -44,7 +45,7 @@ class CountEnv(NextStateEnv):
         return Outcome(1.0 if right else -1.0, {"answer": self.answer})
 
 
-gymnasium.register(id="demo/Count-v0", entry_point=CountEnv)
+registry.register("count", CountEnv, intro="You are an agent counting files in a Linux terminal.")
 # --------------------------------------------------------------------------------------------
 
 LS = '<tool_call>{"name": "bash", "arguments": {"command": "ls /app/box | wc -l"}}</tool_call>'
@@ -64,7 +65,7 @@ def env(pool: SandboxPool):
 
 
 def test_subclass_runs_an_episode_through_gymnasium_make(terminal_image: str) -> None:
-    env = gymnasium.make("demo/Count-v0", backend="docker")
+    env = gymnasium.make("nextstate/Count-v0", backend="docker")
     obs, info = env.reset(options={"task": "count-3"})
     assert obs.startswith("How many files") and obs.endswith("Use the bash tool to look.")
     assert info["task_id"] == "count-3" and [t["function"]["name"] for t in info["tools"]] == ["bash", "submit"]
@@ -78,7 +79,7 @@ def test_subclass_runs_an_episode_through_gymnasium_make(terminal_image: str) ->
 
 
 def test_check_env_passes(terminal_image: str) -> None:
-    env = gymnasium.make("demo/Count-v0", backend="docker")
+    env = gymnasium.make("nextstate/Count-v0", backend="docker")
     check_env(env.unwrapped)
     env.close()
 

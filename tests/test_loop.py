@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agents.loop import Router, collect, planner_executor, run_episode
+from train.rollout import Router, collect, planner_executor, run_episode
 from agents.openai_policy import OpenAIPolicy
 from agents.policy import Generation, Policy, PolicyError
 from agents.recorder import Recorder

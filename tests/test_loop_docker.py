@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agents.loop import collect
+from train.rollout import collect
 from agents.openai_policy import OpenAIPolicy
 from agents.testing import ScriptedOpenAIServer, ScriptedPolicy
 from envs.pool import SandboxPool

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from agents.chat import ChatConfig
-from agents.loop import run_episode
+from train.rollout import run_episode
 from agents.policy import Policy
 from agents.recorder import Recorder
 from agents.testing import ScriptedPolicy

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import containers
-from envs.pool import PoolClosed, PoolTimeout, SandboxPool
+from envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
 from envs.sandbox import SandboxError
 
 pytestmark = pytest.mark.docker
@@ -174,3 +174,35 @@ def test_work_is_handed_to_the_workers_under_the_lock():
         with pool.leased(timeout=30) as sb:
             sb.run("true")
         pool.wait_ready(30)
+
+
+class _CountedEnv:
+    made = 0
+
+    def __init__(self):
+        type(self).made += 1
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_env_cache_reuses_idle_envs_and_closes_every_env_it_made():
+    cache = EnvCache(_CountedEnv)
+    with ThreadPoolExecutor(3) as ex:   # three at once: three envs, then only reuse
+        def hold(_):
+            with cache.env():
+                time.sleep(0.05)
+        list(ex.map(hold, range(3)))
+        list(ex.map(hold, range(9)))
+    assert len(cache.made) <= 3 and _CountedEnv.made == len(cache.made)
+
+    async def episodes():
+        env = await cache.atake(None)
+        cache.give_back(env)
+        return env is await cache.atake(None)   # the idle one comes back
+
+    assert asyncio.run(episodes())
+    made = list(cache.made)
+    cache.close()
+    assert all(env.closed for env in made) and cache.made == []

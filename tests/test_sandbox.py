@@ -133,3 +133,103 @@ def test_local_timeout_and_restart(local_box):
     r = local_box.run("sleep 30", timeout=0.5)
     assert r.timed_out and not r.shell_restarted
     assert local_box.run("echo ok").stdout == "ok\n"
+
+
+# -- hard edges (issue 15) ---------------------------------------------------------------------
+@pytest.fixture
+def small_disk_box(docker_client, terminal_image):
+    sb = DockerSandbox(SandboxSpec(image=terminal_image, pids_limit=128, disk="64m"), docker_client,
+                       containers.owner_labels("pytest-sandbox"))
+    yield sb
+    sb.close()
+
+
+def _layer_bytes(client, sb) -> int:
+    """What the container's writable layer holds on the host's disk, as the engine measures it
+    (the host's free space is no measure on a machine others write to at the same time)."""
+    [c] = client.api.containers(all=True, size=True, filters={"id": sb.container.id})
+    return int(c.get("SizeRw") or 0)
+
+
+@pytest.mark.docker
+def test_disk_limit_is_a_recorded_enospc_and_the_host_keeps_its_space(small_disk_box, docker_client):
+    """A 64 MiB limit against a 1 GiB write: ENOSPC in the result, the writer killed, the host
+    holding at most the limit plus what one watchdog interval lets through (on overlay2/ext4
+    there is no engine quota)."""
+    r = small_disk_box.run("dd if=/dev/zero of=/app/big bs=1M count=1024 2>&1; echo done", timeout=60)
+    held = _layer_bytes(docker_client, small_disk_box)
+    assert "ENOSPC" in r.stderr or "No space left" in r.output
+    assert r.exit_code != 0 and r.elapsed < 30
+    assert held < 768 * 2 ** 20, f"the sandbox holds {held} bytes"   # the 1 GiB write was stopped
+    assert small_disk_box.run("rm -f /app/big && echo freed").stdout == "freed\n"
+    r = small_disk_box.run("head -c 10000000 /dev/zero > /app/small && ls -s /app/small")
+    assert r.exit_code == 0 and "ENOSPC" not in r.stderr
+
+
+@pytest.mark.docker
+def test_fork_bomb_timeout_holds_and_restart_clears_it(docker_box):
+    """The kill comes from the host's cgroup, so it needs no process inside the container."""
+    docker_box.run(":(){ :|:& };:", timeout=5)
+    time.sleep(1)  # the bomb reaches the pid limit
+    r = docker_box.run("sleep 30", timeout=3)
+    assert r.timed_out and r.elapsed < 3 + 2, r.elapsed
+    r = docker_box.run("echo survived", timeout=10)
+    assert "survived" in r.stdout
+    r = docker_box.run("ps -e --no-headers | wc -l", timeout=10)
+    assert r.exit_code == 0 and int(r.stdout) < 10, r.output  # no bomb process outlived the kill
+    cid = docker_box.container.id
+    docker_box.close()
+    import docker
+    with pytest.raises(docker.errors.NotFound):
+        docker_box.client.containers.get(cid)
+
+
+@pytest.mark.docker
+def test_restarted_shell_takes_background_processes_with_it(docker_box):
+    docker_box.run("sleep 1000 & sleep 1001 &")
+    r = docker_box.run("while :; do :; done", timeout=1)
+    assert r.shell_restarted
+    assert "sleep 100" not in docker_box.run("ps -eo args").stdout
+
+
+@pytest.mark.docker
+def test_nul_bytes_and_lone_surrogates_are_refused_at_once(docker_box):
+    for command in ("echo a\x00b", "echo \ud800"):
+        r = docker_box.run(command, timeout=5)
+        assert r.exit_code == 2 and r.elapsed < 1 and "not run" in r.stderr
+        assert not r.timed_out and not r.shell_restarted
+    assert docker_box.run("echo fine").stdout == "fine\n"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, 0, 10 ** 400])
+def test_bad_timeouts_raise_before_sending(docker_box, timeout):
+    with pytest.raises(ValueError, match="positive finite"):
+        docker_box.run("echo x", timeout=timeout)
+    r = docker_box.run("echo clean")
+    assert r.stdout == "clean\n" and r.stderr == ""
+
+
+@pytest.mark.docker
+def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docker_box):
+    docker_box.run("(for i in 1 2 3; do echo tick$i; done; sleep 0.3; echo late) &")
+    time.sleep(1)
+    r = docker_box.run("echo mine")
+    assert r.stdout == "mine\n" and "late" in r.background and "late" in r.output
+    # a background flood right after the marker: the next result keeps its own output
+    r = docker_box.run("(sleep 0.2; head -c 300000 /dev/zero | tr '\\0' y) & echo fg", timeout=10)
+    assert r.stdout.startswith("fg\n") and not r.shell_restarted
+    time.sleep(2)
+    r = docker_box.run("echo next", timeout=10)
+    assert r.stdout.endswith("next\n") and not r.shell_restarted and not r.timed_out
+    assert r.background.startswith("yyy")
+
+
+def test_end_marker_found_after_any_flood():
+    from envs.sandbox import _Capped
+    c = _Capped(16, b"\n\x1eabc:", True)
+    c.feed(b"x" * 100_000 + b"\n\x1eab")
+    c.feed(b"c:7\x1e" + b"y" * 100_000)   # the marker split across chunks, then a flood
+    assert c.done()
+    text, rc, truncated = c.text()
+    assert rc == 7 and truncated and text.startswith("x" * 16) and len(c.late) == 100_000

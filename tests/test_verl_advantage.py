@@ -80,6 +80,8 @@ def test_trainer_override_reads_and_writes_transfer_queue_fields(monkeypatch):
         @staticmethod
         def kv_batch_put(keys, partition_id, fields):
             written.update(fields=fields, keys=keys)
+            return KVBatchMeta(partition_id=partition_id, keys=keys, tags=[{}] * len(keys),
+                               fields=list(fields.keys()))
 
     monkeypatch.setattr(vtrainer, "tq", FakeTQ)
     cfg = load_config("terminal")
@@ -87,7 +89,8 @@ def test_trainer_override_reads_and_writes_transfer_queue_fields(monkeypatch):
     trainer.config = OmegaConf.create({"nextstate": cfg.to_dict()})
     batch = KVBatchMeta(partition_id="train", keys=[f"k{i}" for i in range(4)], tags=[{}] * 4)
     metrics: dict = {}
-    assert trainer._compute_advantage(batch, metrics) is batch
+    returned = trainer._compute_advantage(batch, metrics)
+    assert "advantages" in returned.fields        # the actor update reads the fields the meta names
 
     shared = compute_advantages(StepRows(group=["u1", "u1", "u1", "u2"], step=[0, 0, 1, 0],
                                          outcome=[1, 0, 1, 1], vote_mean=[NAN, NAN, 1.0, NAN]))

@@ -152,3 +152,35 @@ def test_plugin_entry_point_registers_agent_loop_and_trainer(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "loop True" in out.stdout
     assert "trainer False" not in out.stdout
+
+
+async def test_one_step_judge_per_worker_process_not_per_episode(tmp_path, monkeypatch):
+    from train.rollout import load_tasks
+    from train.verl_backend import agent_loop
+    made = []
+    real = agent_loop.make_judge
+    monkeypatch.setattr(agent_loop, "make_judge", lambda cfg, policy: made.append(1) or real(cfg, policy))
+    cfg, config = _loop_config(tmp_path, **{"env.max_steps": 1})
+    server = TinyServer()
+    task = load_tasks(cfg)[0]
+    for session in range(2):   # two episodes, as veRL runs them: a new loop object each
+        loop = _make_loop(config, server, server.tokenizer)
+        await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=[],
+                       extra_info={"task_id": task.id}, uid="u", session_id=session)
+    assert len(made) == 1     # so the judge's max_concurrency bounds the whole run
+
+
+def test_a_step_whose_prompt_is_over_the_budget_is_left_out_not_cut():
+    from agents.trajectory import Step, Trajectory
+    from train.verl_backend.agent_loop import step_outputs
+
+    def step(i, prompt_len):
+        return Step(role="agent", index=i, prompt_ids=list(range(prompt_len)), response_ids=[1, 2],
+                    logprobs=[-0.1, -0.2], text="x", action=None, next_state={}, observation="",
+                    ids_from_server=True)
+
+    traj = Trajectory("t", "g", 0, family="terminal", steps=[step(0, 8), step(1, 20), step(2, 10)],
+                      status="finished", outcome=1.0)
+    outputs = step_outputs(traj, "agent", prompt_length=10, response_length=4)
+    assert [o.extra_fields[vadv.FIELD_STEP] for o in outputs] == [0, 2]
+    assert [len(o.prompt_ids) for o in outputs] == [8, 10]   # whole prompts, never a cut one

@@ -39,11 +39,40 @@ def test_dry_run_prints_a_config_verl_accepts(tmp_path):
     assert config_from_dict(OmegaConf.to_container(config.nextstate)).env.max_steps == 10
 
 
-def test_verl_backend_refuses_to_launch_without_gpus(tmp_path):
+def test_verl_device_gpu_without_a_gpu_is_a_config_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     from train.__main__ import main
-    assert main(["--backend", "verl", "--env", "toolcall", "--output", str(tmp_path)]) == 2
+    assert main(["--backend", "verl", "--env", "toolcall", "--output", str(tmp_path), "verl.device=gpu"]) == 2
+
+
+def test_without_an_accelerator_the_cpu_platform_and_hf_rollout_are_composed(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    cpu = compose(load_config("toolcall", cpu_demo=True, overrides=[f"run.output={tmp_path}"]), n_tasks=4)
+    assert cpu.actor_rollout_ref.rollout.name == "hf" and cpu.trainer.device == "cpu"
+    assert cpu.trainer.n_gpus_per_node == 1 and cpu.ray_kwargs.ray_init.num_gpus == 1
+    assert cpu.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert cpu.actor_rollout_ref.model.path == str(tmp_path.resolve() / "model")   # "tiny", written at launch
+    assert cpu.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"
+    gpu = compose(load_config("toolcall", overrides=[f"run.output={tmp_path}", "verl.device=gpu"]), n_tasks=4)
+    assert gpu.actor_rollout_ref.rollout.name == "vllm" and gpu.trainer.n_gpus_per_node == 8
+    assert "VERL_PLATFORM" not in gpu.ray_kwargs.ray_init.runtime_env.env_vars
+
+
+def test_cpu_platform_is_registered_and_chosen_only_without_an_accelerator():
+    from verl.plugin.platform import PlatformRegistry
+    from verl.workers.engine.base import EngineRegistry
+
+    import train.verl_backend.plugin  # noqa: F401
+    from train.verl_backend.cpu import PlatformCPU, accelerator_present
+
+    assert PlatformRegistry.get("cpu") is PlatformCPU
+    assert PlatformRegistry.registered_names()[-1] == "cpu"      # probed after every accelerator
+    platform = PlatformCPU()
+    assert platform.is_platform_available(use_smi_check=True) == (not accelerator_present())
+    assert platform.communication_backend_name() == "gloo" and platform.device_name == "cpu"
+    assert EngineRegistry._engines["language_model"]["fsdp2"]["cpu"].__name__ == "CPUFSDPEngineWithLMHead"
 
 
 def test_compose_reports_bad_hydra_overrides_as_config_errors(tmp_path):

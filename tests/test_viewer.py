@@ -160,7 +160,7 @@ def test_live_run_half_written_lines_and_a_resumed_episode(tmp_path):
 
 async def test_an_episode_aborted_before_its_first_step_is_listed(tmp_path):
     """No env could be made: the loop logs the aborted episode, and the viewer counts it."""
-    from agents.loop import collect
+    from train.rollout import collect
     from bench.viewer import DicePolicy
     from envs.base import Task
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from envs import registry
 from train.config import Config, ConfigError, load_config
 
 PROBE_TIMEOUT = 5.0
@@ -30,9 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m train", description="Train a policy on a nextstate environment.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--env", default="terminal", help="terminal, toolcall, swe or gui (default terminal)")
+    p.add_argument("--env", default="terminal",
+                   help=f"a registered env family: {', '.join(registry.names())} (default terminal)")
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
-    p.add_argument("--config", help="config file (default configs/<env>.yaml)")
+    p.add_argument("--config", help="config file (default the family's packaged configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
     p.add_argument("--judge", help="'policy' (the policy's own model), 'rules' (exit codes and invalid "
                    "actions), 'none', or an OpenAI-compatible URL")
@@ -82,24 +84,60 @@ def check_model(name: str) -> None:
         raise ConfigError(f"model path {name!r} {what}")
 
 
-def probe_judge(url: str, timeout: float = PROBE_TIMEOUT) -> None:
-    """The judge server must answer ``GET /v1/models`` at start-up."""
+def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
+                 timeout: float = PROBE_TIMEOUT) -> str:
+    """The model name an OpenAI-compatible server at ``url`` serves, worked out now.
+
+    ``model`` when given (``/models`` may fail, as on ``transformers serve``),
+    else the first one ``/models`` lists. Raises :class:`ConfigError` with one
+    line that names ``key``, the setting to fill in.
+    """
+    import asyncio
+
     import httpx
 
-    base = url.rstrip("/")
-    probe = base + ("/models" if base.endswith("/v1") else "/v1/models")
+    from agents.openai_policy import OpenAIPolicy
+    from agents.policy import PolicyError
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{what} {url!r} is not an http(s):// URL")
+    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=0, model_key=key)
     try:
-        httpx.get(probe, timeout=timeout).raise_for_status()
-    except Exception as e:
-        raise ConfigError(f"judge URL {url} does not answer (GET {probe}: {type(e).__name__}: {e})") from None
+        with httpx.Client(timeout=timeout) as client:   # does anything answer at all?
+            resp = client.get(policy.base_url + "/models")
+    except httpx.HTTPError as e:
+        raise ConfigError(f"{what} {url} does not answer (GET {policy.base_url}/models: "
+                          f"{type(e).__name__}: {e})") from None
+    if model is not None and resp.status_code == 200:   # a name the server lists as not served
+        try:
+            served = [str(m.get("id")) for m in resp.json().get("data") or [] if isinstance(m, dict)]
+        except ValueError:
+            served = []
+        if served and model not in served:
+            raise ConfigError(f"{url} does not serve model {model!r} (it serves: "
+                              f"{', '.join(served[:5])}); set {key}")
+
+    async def resolve() -> str:
+        try:
+            return await policy.resolve_model()
+        finally:
+            await policy.aclose()
+    try:
+        return asyncio.run(resolve())
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
 
 
 def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     """The run's config, and whether the CPU demo settings are in use."""
     if args.backend not in ("local", "verl"):
         raise ConfigError(f"--backend must be local or verl, got {args.backend!r}")
-    demo = args.backend == "local" and (args.model == "tiny" or (args.model is None and not has_gpu()))
-    cfg = load_config(args.env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
+    try:
+        env = registry.resolve(args.env)   # "mypkg.envs:count" imports mypkg.envs, which registers count
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    demo = args.model == "tiny" or (args.backend == "local" and args.model is None and not has_gpu())
+    cfg = load_config(env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
     if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
         # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
@@ -107,7 +145,7 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     if args.backend == "local" or not args.dry_run:
         check_model(cfg.model.name)
     if cfg.judge.mode == "url" and not args.dry_run:
-        probe_judge(cfg.judge.url or "")
+        cfg.judge.model = probe_server(cfg.judge.url or "", cfg.judge.model, "judge.model")
     return cfg, demo
 
 

@@ -105,6 +105,16 @@ class Advantages:
         """Rows removed from the batch."""
         return int((~self.keep).sum())
 
+    def summary(self) -> dict[str, float]:
+        """What both backends log of one batch: bucket and drop counts, the mean step reward,
+        and the mean and std of the kept advantages (0 where there are none)."""
+        kept = self.advantages[self.keep] if len(self.keep) else np.zeros(0)
+        return {"dropped_samples": self.dropped, "dropped_buckets": self.constant_buckets,
+                "buckets": self.buckets, "singleton_buckets": self.singleton_buckets,
+                "reward_mean": float(self.rewards.mean()) if len(self.rewards) else 0.0,
+                "advantage_mean": float(kept.mean()) if len(kept) else 0.0,
+                "advantage_std": float(kept.std()) if len(kept) else 0.0}
+
 
 def step_rewards(outcome: np.ndarray, vote_mean: np.ndarray, c: float = 1.0) -> np.ndarray:
     """``R_t = o + c * vote_mean`` where a NaN vote mean (no valid vote) adds nothing."""

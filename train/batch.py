@@ -88,17 +88,16 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
     step_log = [{"group_id": t.group_id, "task_id": t.task_id, "sample": t.sample, "step": s.index,
                  "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k)}
                 for (t, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep)]
-    kept = result.advantages[result.keep] if len(rows) else np.zeros(0)
+    summary = result.summary()
     metrics = rollout_metrics(trajectories)
     metrics.update({
-        "batch/samples": len(samples), "batch/dropped_samples": result.dropped,
-        "batch/dropped_buckets": result.constant_buckets, "batch/buckets": result.buckets,
-        "batch/singleton_buckets": result.singleton_buckets,
+        "batch/samples": len(samples),
+        **{f"batch/{k}": summary[k] for k in ("dropped_samples", "dropped_buckets", "buckets", "singleton_buckets")},
         "batch/untrainable_steps": sum(len(t.steps) for t in trajectories if t.status != "aborted") - len(rows),
         "batch/response_tokens": sum(len(s.response_ids) for s in samples),
-        "reward/mean": float(result.rewards.mean()) if len(rows) else 0.0,
-        "advantage/mean": float(kept.mean()) if len(kept) else 0.0,
-        "advantage/std": float(kept.std()) if len(kept) else 0.0,
+        "reward/mean": summary["reward_mean"],
+        "advantage/mean": summary["advantage_mean"],
+        "advantage/std": summary["advantage_std"],
     })
     return Batch(samples, metrics, step_log)
 
@@ -110,13 +109,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     judged = [s for s in steps if s.votes]
     agreement = [max(s.votes.count(v) for v in set(s.votes)) / len(s.votes) for s in judged]
     lengths = [len(t.steps) for t in done]
+    means = [s.vote_mean for s in judged if s.vote_mean is not None]
     return {
         "episodes": len(trajectories), "aborted": len(trajectories) - len(done),
         "outcome/mean": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
         "outcome/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
         "judge/score_mean": float(np.mean([s.score for s in judged])) if judged else 0.0,
-        "judge/vote_mean": float(np.mean([s.vote_mean for s in judged if s.vote_mean is not None]
-                                         or [0.0])),
+        **({"judge/vote_mean": float(np.mean(means))} if means else {}),  # missing: no valid vote
         "judge/vote_agreement": float(np.mean(agreement)) if agreement else 0.0,
         "judge/errors": sum(s.judge_error is not None for s in steps),
         "judge/valid_action_rate": float(np.mean([bool(s.next_state.get("valid")) for s in steps]))

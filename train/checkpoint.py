@@ -3,7 +3,10 @@
 A checkpoint is written into a hidden temporary directory next to its final
 place and renamed into place only when complete, so a run killed mid-save
 leaves a ``.tmp-*`` directory that :func:`latest` ignores (and the next save
-removes) and resumes from the previous checkpoint. Contents:
+removes) and resumes from the previous checkpoint. Old checkpoints are renamed
+to a ``.tmp-*`` name before they are deleted, and a ``step_*`` folder that has
+lost its ``meta.json`` (a deletion interrupted before this) is removed by the
+next save. Contents:
 
 * ``model/`` -- weights (safetensors, ``save_pretrained``) and tokenizer;
 * ``state.pt`` -- optimizer state and torch RNG states;
@@ -73,8 +76,31 @@ def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_st
     else:
         tmp.rename(final)
     for stale in completed(output)[:-keep] if keep > 0 else []:
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove(stale)
+    for broken in incomplete(output):   # a deletion cut short: meta.json gone, the weights not
+        if broken != final:
+            _remove(broken)
     return final
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint so that an interruption cannot strand it: it is first renamed to a
+    ``.tmp-`` name (one atomic step; the next save removes those), then deleted."""
+    doomed = path.parent / f"{TMP_PREFIX}del-{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        path.rename(doomed)
+    except OSError:
+        doomed = path
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def incomplete(output: str | Path) -> list[Path]:
+    """``step_*`` folders without ``meta.json``: what an interrupted deletion left behind."""
+    root = directory(output)
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir()
+            and not (p / "meta.json").is_file()]
 
 
 def completed(output: str | Path) -> list[Path]:

@@ -1,11 +1,12 @@
-"""Typed trainer configuration: YAML files under ``configs/`` plus ``key=value`` overrides.
+"""Typed trainer configuration: the dataclasses below, a YAML file, then ``key=value`` overrides.
 
-``configs/base.yaml`` holds the defaults shared by every environment;
-``configs/<env>.yaml`` names it in ``inherit:`` and overrides what differs
-(the paper's per-environment settings). A ``cpu_demo:`` section in a file
-holds the overrides the embedded default applies on a laptop-sized machine
-(model ``tiny``). Every key is checked against the dataclasses below, so a
-typo is an error, not a silently ignored setting.
+The defaults live in one place, the dataclasses below. The YAML files ship with
+the package (``configs/``, package data): ``configs/<env>.yaml`` -- the file an
+env family's registration names (:mod:`envs.registry`) -- holds the paper's
+settings for that family and ``inherit:``s ``configs/base.yaml``, whose
+``cpu_demo:`` section holds the overrides the embedded default applies on a
+laptop-sized machine (model ``tiny``). Every key is checked against the
+dataclasses, so a typo is an error, not a silently ignored setting.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-ENVS = ("terminal", "toolcall", "swe", "gui")
+from envs import registry
+
+CONFIG_DIR = Path(str(files("configs")))   # the packaged configs/, wherever it is installed
 
 
 class ConfigError(ValueError):
@@ -35,6 +38,7 @@ class EnvConfig:
     max_steps: int = 10
     step_timeout: float = 30.0
     sandbox_backend: str = "auto"     # auto | docker | local
+    sandbox_disk: str | None = "2g"   # each sandbox's disk limit (a task's own setting wins); null: none
     user: str | None = None           # terminal: run every task as this user (default: the task's)
     tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
 
@@ -76,14 +80,14 @@ class JudgeConfig:
 class AdvantageConfig:
     """Grouping key and what to do with buckets that carry no signal."""
     key: str = "step_index"           # step_index | outcome | state
-    drop_constant: bool = True
+    drop_constant: bool = True        # drop the samples of buckets whose rewards are all equal (else advantage 0)
     eps: float = 1e-6
 
 
 @dataclass
 class TrainConfig:
     """Optimizer and loss (veRL's vanilla PPO loss, low_var_kl KL loss)."""
-    lr: float = 1e-6
+    lr: float = 1e-6                  # constant learning rate, AdamW
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     clip_low: float = 0.2
@@ -131,7 +135,8 @@ class RunConfig:
 @dataclass
 class VerlConfig:
     """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
-    rollout_engine: str = "vllm"      # vllm | sglang
+    device: str = "auto"              # auto (cpu when no accelerator is visible) | gpu | cpu
+    rollout_engine: str = "vllm"      # vllm | sglang (gpu); the cpu device uses the hf rollout
     nnodes: int = 1
     n_gpus_per_node: int = 8
     tensor_parallel_size: int = 1
@@ -139,7 +144,7 @@ class VerlConfig:
     micro_batch_size_per_gpu: int = 1
     mini_batch_size: int = 0          # prompts per PPO mini-batch; 0: the whole step (one update per step)
     param_offload: bool = False
-    agent_workers: int = 8
+    agent_workers: int = 8            # agent-loop worker processes; each runs ceil(parallel / agent_workers) sandboxes
     overrides: list[str] = field(default_factory=list)   # raw Hydra overrides for veRL's config
 
 
@@ -188,7 +193,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             if isinstance(value, str):
                 value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
             return [_coerce(v, args[0], key) for v in value]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"config key {key}: cannot use {value!r} as {getattr(tp, '__name__', tp)}") from None
     raise ConfigError(f"config key {key}: unsupported type {tp}")
 
@@ -223,7 +228,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     parent = data.pop("inherit", None)
     if parent is None:
         return data
-    return merge(read_yaml((path.parent / parent).resolve()), data)
+    beside = (path.parent / parent).resolve()   # a file next to this one, else a packaged one
+    return merge(read_yaml(beside if beside.exists() or Path(parent).is_absolute() else CONFIG_DIR / parent), data)
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -253,11 +259,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 def load_config(env: str, path: str | Path | None = None, overrides: list[str] | None = None,
                 cpu_demo: bool = False) -> Config:
-    """The configuration of ``env``: file (default ``configs/<env>.yaml``), then the
-    file's ``cpu_demo`` section when ``cpu_demo``, then ``overrides``."""
-    if env not in ENVS:
-        raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(ENVS)}")
-    file = Path(path) if path else CONFIG_DIR / f"{env}.yaml"
+    """The configuration of ``env``: file (default the family's registered ``config``, else
+    ``configs/base.yaml``), then the file's ``cpu_demo`` section when ``cpu_demo``, then ``overrides``."""
+    if env not in registry.names():
+        raise ConfigError(f"unknown env {env!r}; choose one of {', '.join(registry.names())}")
+    file = Path(path) if path else config_file(env)
     data = read_yaml(file)
     demo = data.pop("cpu_demo", None) or {}
     cfg = Config()
@@ -270,12 +276,26 @@ def load_config(env: str, path: str | Path | None = None, overrides: list[str] |
     return cfg
 
 
+def config_file(env: str) -> Path:
+    """The YAML file family ``env`` registered (a bare name is one of the packaged ``configs/``)."""
+    name = registry.spec(env).config or "base.yaml"
+    return CONFIG_DIR / name if isinstance(name, str) and "/" not in name else Path(name)
+
+
 def config_from_dict(data: dict[str, Any]) -> Config:
     """A validated :class:`Config` from nested plain data (e.g. ``Config.to_dict()``)."""
     cfg = Config()
     _apply(cfg, data)
     validate(cfg)
     return cfg
+
+
+def _size_ok(size: str | None) -> bool:
+    from envs.sandbox import parse_size
+    try:
+        return size is None or parse_size(size) > 0
+    except ValueError:
+        return False
 
 
 def validate(cfg: Config) -> None:
@@ -299,7 +319,9 @@ def validate(cfg: Config) -> None:
          f"judge.mode must be policy, rules, none or url, got {cfg.judge.mode!r}"),
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
+        (_size_ok(cfg.env.sandbox_disk), f"env.sandbox_disk must be a size like 2g or 512m, got {cfg.env.sandbox_disk!r}"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
+        (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),
         (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
     ]
     for ok, message in checks:

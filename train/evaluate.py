@@ -5,7 +5,7 @@
     python -m train.evaluate --env terminal --policy noop --output runs/eval-noop
 
 ``--policy`` is a model (``tiny``, a local path or hub name, or an
-OpenAI-compatible URL, run through :mod:`agents.loop`), ``gold`` (the task's
+OpenAI-compatible URL, run through :mod:`train.rollout`), ``gold`` (the task's
 reference solution, no model) or ``noop`` (finish at once), both played from
 the env's ``oracle_actions(task, kind)``. Tasks the env cannot run here (its
 ``skip_reason``, or ``TaskUnsupported`` at reset: an OSWorld task needing an
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -35,8 +34,9 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from envs import env_class
+from envs import env_class, registry
 from envs.base import NextStateEnv, Task, TaskUnsupported
+from envs.pool import EnvCache
 
 ORACLE_KINDS = ("gold", "noop")
 #: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
@@ -59,15 +59,13 @@ def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error:
 def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind: str,
                parallel: int) -> list[dict[str, Any]]:
     """Plays oracle ``kind`` on every task, ``parallel`` envs at once (one per thread)."""
-    local, made = threading.local(), []
+    envs = EnvCache(env_factory)
 
     def one(task: Task) -> dict[str, Any]:
         start, steps, info, terminated = time.monotonic(), 0, {}, False
+        env = None
         try:
-            if not hasattr(local, "env"):
-                local.env = env_factory()
-                made.append(local.env)
-            env = local.env
+            env = envs.take()
             env.reset(options={"task": task})
             for action in env.oracle_actions(task, kind):
                 _, _, terminated, truncated, info = env.step(action)
@@ -79,6 +77,9 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
         except Exception as e:  # a broken task must not stop the others
             return _outcome_row(task, None, "aborted", f"{type(e).__name__}: {e}", steps, 0,
                                 time.monotonic() - start)
+        finally:
+            if env is not None:
+                envs.give_back(env)
         if "aborted" in info:
             status, error = "aborted", str(info["aborted"])
         elif "outcome" not in info:
@@ -94,16 +95,15 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
                 rows.append(fut.result())
                 bar.update()
     finally:
-        for env in made:
-            env.close()
+        envs.close()
     return rows
 
 
 def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], policy: Any,
                parallel: int, rollouts: Path | None = None) -> list[dict[str, Any]]:
-    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`agents.loop`;
+    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`;
     with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
-    from agents.loop import collect
+    from train.rollout import collect
     from agents.recorder import Recorder
 
     recorder = Recorder(rollouts) if rollouts else None
@@ -251,10 +251,28 @@ def summary_line(report: dict[str, Any], output: str | Path) -> str:
             f"{report['skipped']} skipped -> {output}")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Flags that cannot work, refused before anything starts; a policy URL is probed and its
+    model name worked out (``--model`` when ``/v1/models`` cannot say). Raises ``ValueError``."""
+    if args.parallel < 1:
+        raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.model and args.model.startswith(("http://", "https://")):
+        raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
+                         "give the URL as --policy")
+    if args.policy.startswith(("http://", "https://")):
+        from train.__main__ import probe_server
+        args.model = probe_server(args.policy, args.model, "--model", what="policy URL")
+    elif args.policy not in ORACLE_KINDS:
+        from train.__main__ import check_model
+        check_model(args.policy)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--env", required=True, help="terminal, toolcall, swe or gui")
+    p.add_argument("--env", required=True, help=f"a registered env family: {', '.join(registry.names())}")
     p.add_argument("--tasks", default="builtin", help="task file/directory or dataset name (default builtin)")
     p.add_argument("--policy", required=True, help="gold, noop, tiny, a model path/name or a server URL")
     p.add_argument("--model", help="model name on the server (with a URL policy)")
@@ -267,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="SWE: network in the grading container (default on, as swebench's harness)")
     args = p.parse_args(argv)
     try:
+        check_args(args)
         report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,

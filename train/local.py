@@ -24,7 +24,6 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 
 from agents.chat import ChatConfig
-from agents.loop import collect, single_role
 from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from train import checkpoint
@@ -32,7 +31,7 @@ from train.batch import build_batch
 from train.config import Config, ConfigError
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import load_tasks, make_envs, make_judge
+from train.rollout import collect, load_tasks, make_envs, make_judge, single_role
 
 log = logging.getLogger(__name__)
 

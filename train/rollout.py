@@ -1,11 +1,281 @@
-"""Environments, sandbox pool and step judge of a run, as both backends build them."""
+"""Rollouts: the agent loop, episodes as asyncio tasks judged step by step in the background,
+and the envs, pool and judge a :class:`~train.config.Config` asks for.
+
+:func:`run_episode` plays one episode in a few named steps: reset, then
+:func:`_act` (the routed policy generates) -> :func:`_step_env` (the env takes
+the text, in the caller's thread pool; the step is recorded) -> :func:`_judge`
+(the step judge is fired without waiting), until the env ends the episode;
+:func:`_join` awaits the judge and attaches the votes to the steps. An infrastructure
+fault (a sandbox that died, an env abort, a policy that failed after its
+retries) ends the episode as ``status="aborted"`` with the error: it neither
+crashes the batch nor gets a score.
+
+:func:`collect` runs ``len(tasks) * n_samples`` episodes, at most ``parallel``
+at a time, each on its own env (made by ``env_factory``, reused between
+episodes; the envs should share one SandboxPool that the caller made).
+
+Several agents can share one episode: ``policies`` maps roles to policies and
+a router picks the role for each step (:func:`single_role`,
+:func:`planner_executor`); every step records its role.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Mapping, Sequence
 
+from tqdm.auto import tqdm
+
+from agents.chat import ChatConfig, Turn, build_messages, system_prompt
+from agents.policy import Generation, Policy, PolicyError
+from agents.recorder import Recorder
+from agents.trajectory import Step, Trajectory
 from envs import env_class
+from envs.base import INFRA_ERRORS, Observation
+from envs.pool import EnvCache
+from judges.prm import JudgeRequest, JudgeResult, StepJudge
 from train.config import Config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Router:
+    """Picks who acts: ``pick(step_index, trajectory) -> role``; ``notes[role]`` is added
+    to that role's system prompt."""
+
+    pick: Callable[[int, Trajectory], str]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, step_index: int, trajectory: Trajectory) -> str:
+        return self.pick(step_index, trajectory)
+
+
+def single_role(role: str = "agent") -> Router:
+    """One policy takes every step."""
+    return Router(lambda i, t: role)
+
+
+PLANNER_NOTE = ("You are the planner. Review the progress so far, write a short numbered plan for "
+                "the next steps, and take the first action of that plan.")
+EXECUTOR_NOTE = ("You are the executor. Follow the latest plan in the conversation and take its "
+                 "next action.")
+
+
+def planner_executor(k: int = 3, planner: str = "planner", executor: str = "executor",
+                     notes: dict[str, str] | None = None) -> Router:
+    """The planner acts at step 0 and every ``k`` steps; the executor acts otherwise."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return Router(lambda i, t: planner if i % k == 0 else executor,
+                  {planner: PLANNER_NOTE, executor: EXECUTOR_NOTE, **(notes or {})})
+
+
+def _roles(policies: Policy | Mapping[str, Policy], router: Callable[[int, Trajectory], str] | None
+           ) -> tuple[dict[str, Policy], Callable[[int, Trajectory], str]]:
+    roles = dict(policies) if isinstance(policies, Mapping) else {"agent": policies}
+    if router is None and len(roles) != 1:
+        raise ValueError(f"several policies ({sorted(roles)}) need a router to choose between them")
+    return roles, router or single_role(next(iter(roles)))
+
+
+@dataclass
+class _Episode:
+    """What one episode's steps share: the env, the policies, the settings and the record so far."""
+
+    env: Any
+    task: Any
+    roles: dict[str, Policy]
+    router: Callable[[int, Trajectory], str]
+    chat: ChatConfig
+    gen_kw: dict[str, Any]
+    executor: ThreadPoolExecutor
+    recorder: Recorder | None
+    traj: Trajectory
+    where: dict[str, Any]
+    first_obs: Observation | None = None
+    turns: list[Turn] = field(default_factory=list)
+    pending: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking env call, run in the episode's thread pool."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+async def _act(ep: _Episode) -> tuple[str, list[dict], Generation, float]:
+    """The routed role's policy answers the episode so far: ``(role, messages, generation, seconds)``."""
+    role = ep.router(len(ep.traj.steps), ep.traj)
+    if role not in ep.roles:
+        raise KeyError(f"router chose role {role!r}, but the policies are {sorted(ep.roles)}")
+    policy, env = ep.roles[role], ep.env
+    system = system_prompt(env.family, env.tools, getattr(ep.router, "notes", {}).get(role),
+                           tools_in_text=not policy.renders_tools)
+    messages = build_messages(system, ep.first_obs, ep.turns, policy=policy, tools=env.tools, config=ep.chat)
+    t0 = time.monotonic()
+    gen = await policy.generate(messages, env.tools if policy.renders_tools else None, **ep.gen_kw)
+    return role, messages, gen, time.monotonic() - t0
+
+
+async def _step_env(ep: _Episode, role: str, messages: list[dict], gen: Generation, generate_s: float
+                    ) -> tuple[Step, bool, bool, dict[str, Any]]:
+    """The env takes the generated text; the step is recorded: ``(step, terminated, truncated, info)``."""
+    t1 = time.monotonic()
+    raw_obs, reward, terminated, truncated, info = await ep.in_thread(ep.env.step, gen.text)
+    obs = ep.env.present(raw_obs)
+    state = info.get("next_state", {})
+    index = len(ep.traj.steps)
+    step = Step(role=role, index=index, prompt_ids=gen.prompt_ids,
+                response_ids=gen.response_ids, logprobs=gen.logprobs, text=gen.text,
+                action=state.get("action"), next_state=state, observation=obs,
+                timing={"generate": generate_s, "env": time.monotonic() - t1},
+                ids_from_server=gen.ids_from_server, finish_reason=gen.finish_reason)
+    ep.traj.steps.append(step)
+    if ep.recorder:
+        ep.recorder.record("step", {**ep.where, "step": index, "role": role, "messages": messages,
+                                    "text": gen.text, "action": step.action, "next_state": state,
+                                    "observation": obs, "reward": reward,
+                                    "ids_from_server": gen.ids_from_server})
+    return step, terminated, truncated, info
+
+
+async def _timed_judge(judge: StepJudge, req: JudgeRequest) -> tuple[JudgeResult, float]:
+    start = time.monotonic()
+    result = await judge.judge(req)
+    return result, time.monotonic() - start
+
+
+def _judge(ep: _Episode, judge: StepJudge, step: Step, before: Observation | None) -> None:
+    """Fire the judge on ``step`` without waiting; :func:`_join` collects its votes."""
+    history = [{"action": s.action or s.text, "next_state": s.next_state} for s in ep.traj.steps[:-1]]
+    req = JudgeRequest(ep.env.family, ep.task.instruction, history, step.action or step.text,
+                       step.next_state, before=before, after=step.observation)
+    ep.pending.append((step, asyncio.create_task(_timed_judge(judge, req))))
+
+
+async def _join(ep: _Episode) -> None:
+    """Await the pending judge requests and attach their votes to the steps."""
+    for step, t in ep.pending:
+        result, elapsed = await t
+        step.votes, step.score, step.vote_mean = result.votes, float(result.score), result.mean
+        step.hint, step.judge_error = result.hint, result.error
+        step.timing["judge"] = elapsed
+        if ep.recorder:
+            ep.recorder.record("judge", {**ep.where, "step": step.index, **result.to_dict()})
+
+
+async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task: Any,
+                      group_id: str, sample: int, judge: StepJudge | None = None,
+                      router: Callable[[int, Trajectory], str] | None = None,
+                      recorder: Recorder | None = None, executor: ThreadPoolExecutor,
+                      chat: ChatConfig | None = None,
+                      sampling: Mapping[str, Any] | None = None) -> Trajectory:
+    """Play one episode of ``task`` on ``env``: act, step the env, judge (in the background),
+    until the env ends it; then join the votes. Never raises for infrastructure faults."""
+    roles, router = _roles(policies, router)
+    chat = chat or ChatConfig()
+    started = time.monotonic()
+    traj = Trajectory(task_id=task.id, group_id=group_id, sample=sample, family=env.family,
+                      info={"instruction": task.instruction})
+    if judge is not None:
+        judge.template(env.family)  # a missing template is a configuration error: fail now
+    ep = _Episode(env, task, roles, router, chat, {**chat.sampling(), **(sampling or {})}, executor,
+                  recorder, traj, {"group_id": group_id, "task_id": task.id, "sample": sample})
+    try:
+        raw_first, _ = await ep.in_thread(partial(env.reset, options={"task": task}))
+        ep.first_obs = prev_obs = env.present(raw_first)  # the one view of an observation
+        while True:
+            step, terminated, truncated, info = await _step_env(ep, *await _act(ep))
+            if "aborted" in info:
+                traj.status, traj.error = "aborted", str(info["aborted"])
+                break
+            if judge is not None:
+                _judge(ep, judge, step, prev_obs)
+            ep.turns.append(Turn(step.text, step.observation, valid=bool(step.next_state.get("valid", True))))
+            prev_obs = step.observation
+            if terminated or truncated:
+                traj.status = "finished" if terminated else "truncated"
+                traj.info["outcome"] = info.get("outcome")
+                traj.outcome = (info.get("outcome") or {}).get("reward")
+                break
+    except asyncio.CancelledError:
+        for _, t in ep.pending:
+            t.cancel()
+        raise
+    except Exception as e:  # infrastructure (sandbox, pool, policy server) or an env bug
+        expected = isinstance(e, (*INFRA_ERRORS, PolicyError))
+        log.warning("episode %s/%s aborted: %s: %s", group_id, sample, type(e).__name__, e,
+                    exc_info=not expected)
+        traj.status, traj.error = "aborted", f"{type(e).__name__}: {e}"
+        traj.outcome = None
+    acted = time.monotonic()
+    await _join(ep)
+    traj.info["timing"] = {"episode": time.monotonic() - started,
+                           "judge_wait": time.monotonic() - acted}  # judging left after the last step
+    if recorder:
+        recorder.record("trajectory", {**ep.where, "status": traj.status, "error": traj.error,
+                                       "outcome": traj.outcome, "steps": len(traj.steps),
+                                       "step_scores": [s.score for s in traj.steps]})
+    return traj
+
+
+async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str, Policy],
+                  tasks: Sequence[Any], n_samples: int = 1, parallel: int = 8,
+                  judge: StepJudge | None = None, *,
+                  router: Callable[[int, Trajectory], str] | None = None,
+                  recorder: Recorder | None = None, chat: ChatConfig | None = None,
+                  sampling: Mapping[str, Any] | None = None, batch_tag: str | None = None,
+                  progress: bool = True) -> list[Trajectory]:
+    """Run every task ``n_samples`` times, ``parallel`` episodes at once.
+
+    Returns trajectories ordered by task, then sample. ``group_id`` is
+    ``"<task id>@<batch tag>"``, so the samples of one task form one group.
+    """
+    _roles(policies, router)  # a configuration error fails here, before any episode starts
+    batch_tag = batch_tag or uuid.uuid4().hex[:8]
+    jobs = [(task, s) for task in tasks for s in range(n_samples)]
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="env")
+    envs = EnvCache(env_factory)
+    slots = asyncio.Semaphore(max(1, parallel))
+    bar = tqdm(total=len(jobs), desc="episodes", disable=not progress)
+
+    async def one(task: Any, sample: int) -> Trajectory:
+        group_id = f"{task.id}@{batch_tag}"
+        async with slots:
+            try:
+                env = await envs.atake(executor)
+            except Exception as e:  # e.g. no Docker engine, image missing
+                log.warning("episode %s/%s aborted: could not make an env: %s", group_id, sample, e)
+                bar.update(1)
+                traj = Trajectory(task.id, group_id, sample, family="", status="aborted",
+                                  error=f"{type(e).__name__}: {e}")
+                if recorder:  # logged like any episode, so the log's aborted count is complete
+                    recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
+                                                   "status": "aborted", "error": traj.error, "outcome": None,
+                                                   "steps": 0, "step_scores": []})
+                return traj
+            try:
+                traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,
+                                         judge=judge, router=router, recorder=recorder,
+                                         executor=executor, chat=chat, sampling=sampling)
+            finally:
+                envs.give_back(env)
+        bar.update(1)
+        return traj
+
+    try:
+        return list(await asyncio.gather(*(one(t, s) for t, s in jobs)))
+    finally:
+        bar.close()
+        await loop.run_in_executor(executor, envs.close)
+        executor.shutdown(wait=False)
+
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
     """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
@@ -21,11 +291,13 @@ def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
         env.close()
 
 
-def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
-    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``), a factory of envs
-    leasing from it, and the env's task list."""
+def make_envs(cfg: Config, pool_size: int | None = None,
+              run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
+    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``; ``run_id`` labels its
+    sandboxes), a factory of envs leasing from it, and the env's task list."""
     cls = env_class(cfg.env.family)
-    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend)
+    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+                         disk=cfg.env.sandbox_disk, run_id=run_id)
 
     def factory() -> Any:
         return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
@@ -37,8 +309,6 @@ def make_envs(cfg: Config, pool_size: int | None = None) -> tuple[Any, Callable[
 def make_judge(cfg: Config, policy: Any) -> Any:
     """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
     server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``)."""
-    from judges.prm import StepJudge
-
     j = cfg.judge
     if j.mode == "none":
         return None

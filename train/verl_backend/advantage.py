@@ -30,7 +30,8 @@ FIELD_VOTE_MEAN = "nextstate_vote_mean"
 FIELD_STATE = "nextstate_state"
 FIELD_EPISODE = "nextstate_episode"
 FIELD_ABORTED = "nextstate_aborted"
-FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED)
+FIELD_SCORE = "nextstate_judge_score"       # the judge's majority vote (None: the step was not judged)
+FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE)
 
 
 def _column(nt: dict[str, np.ndarray], name: str, n: int, default: Any) -> np.ndarray:
@@ -68,14 +69,23 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     data.batch["returns"] = advantages.clone()
     data.batch["response_mask"] = new_mask
     episodes = _column(nt, FIELD_EPISODE, n, "")
-    kept = result.advantages[result.keep]
+    lengths: dict[str, int] = {}
+    outcomes: dict[str, float] = {}
+    for episode, outcome in zip(episodes[valid].tolist(), rows.outcome.tolist()):
+        lengths[episode] = lengths.get(episode, 0) + 1
+        outcomes[episode] = outcome
+    votes = rows.vote_mean[~np.isnan(rows.vote_mean)]
+    scores = [float(v) for v in _column(nt, FIELD_SCORE, n, None)[valid] if v is not None]
     metrics = {
-        "nextstate/samples": int(keep.sum()), "nextstate/dropped_samples": result.dropped,
-        "nextstate/dropped_buckets": result.constant_buckets, "nextstate/buckets": result.buckets,
+        "nextstate/samples": int(keep.sum()),
+        **{f"nextstate/{k}": v for k, v in result.summary().items()},
         "nextstate/aborted_episodes": len(set(episodes[aborted & ~padding].tolist())),
-        "nextstate/reward_mean": float(result.rewards.mean()) if len(rows) else 0.0,
         "nextstate/step_outcome_mean": float(rows.outcome.mean()) if len(rows) else 0.0,
-        "nextstate/advantage_mean": float(kept.mean()) if len(kept) else 0.0,
-        "nextstate/advantage_std": float(kept.std()) if len(kept) else 0.0,
+        "nextstate/episodes": len(outcomes),
+        "nextstate/outcome_mean": float(np.mean(list(outcomes.values()))) if outcomes else 0.0,
+        "nextstate/outcome_success": float(np.mean([o > 0 for o in outcomes.values()])) if outcomes else 0.0,
+        "nextstate/episode_length_mean": float(np.mean(list(lengths.values()))) if lengths else 0.0,
+        "nextstate/vote_mean": float(votes.mean()) if len(votes) else 0.0,
+        "nextstate/judge_score_mean": float(np.mean(scores)) if scores else 0.0,
     }
     return data, metrics

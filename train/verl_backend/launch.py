@@ -9,6 +9,14 @@ our whole config under a ``nextstate`` key for the agent loop and trainer.
 ``verl.overrides`` adds raw Hydra overrides last. It is checked with veRL's
 own ``validate_config`` and its config dataclasses before anything starts.
 
+Without an accelerator (``verl.device=auto`` on a CPU-only host, or
+``verl.device=cpu``) the run uses the ``cpu`` platform and the ``hf``
+rollout of the plugin (:mod:`~train.verl_backend.cpu`,
+:mod:`~train.verl_backend.hf_rollout`): one trainer process, float32 FSDP
+without torch.compile, gradient checkpointing or padding removal, one
+agent-loop and one reward worker, and a small local Ray cluster
+(:func:`cpu_overrides`). The GPU settings are untouched.
+
 The task data veRL reads is one parquet file of rows
 ``{data_source, prompt, agent_name, extra_info: {index, task_id}}``; the
 agent loop looks the task up by id.
@@ -20,6 +28,7 @@ import contextlib
 import math
 import os
 import sys
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,8 +36,59 @@ from typing import Any
 from train.config import Config, ConfigError
 from train.rollout import load_tasks
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_MODULE = "train.verl_backend.plugin"
+RUN_ENV = "NEXTSTATE_RUN_ID"                  # labels the run's sandboxes, so launch can remove them
+CPU_RAY_LOGICAL_CPUS = 16                     # Ray's logical CPU count: placement only, not cores
+CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
+
+
+def on_cpu(cfg: Config) -> bool:
+    """Whether the run uses the CPU platform (``verl.device``; ``auto``: no accelerator visible)."""
+    if cfg.verl.device != "auto":
+        return cfg.verl.device == "cpu"
+    from train.verl_backend.cpu import accelerator_present
+    return not accelerator_present()
+
+
+def model_path(cfg: Config) -> str:
+    """What veRL loads: the model name, or for ``tiny`` the directory the run writes it to."""
+    if cfg.model.name == "tiny":
+        return str(Path(cfg.run.output).resolve() / "model")
+    return cfg.model.name
+
+
+def cpu_overrides(cfg: Config) -> list[str]:
+    """The veRL settings of a run on host CPUs (see the module docstring).
+
+    One trainer process holds one logical device slot (``ray.init(num_gpus=1)``, see
+    :mod:`train.verl_backend.cpu`); the agent loop, reward and rollout workers need none.
+    """
+    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+    out = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
+           "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=fp32",
+           "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
+           "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+           "actor_rollout_ref.model.use_remove_padding=false",
+           "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+           "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+           f"ray_kwargs.ray_init.num_cpus={CPU_RAY_LOGICAL_CPUS}",
+           "+ray_kwargs.ray_init.num_gpus=1",
+           f"+ray_kwargs.ray_init.object_store_memory={CPU_RAY_OBJECT_STORE}",
+           "+ray_kwargs.ray_init.include_dashboard=false"]
+    for role in ("actor", "ref"):
+        out += [f"actor_rollout_ref.{role}.strategy=fsdp2", f"actor_rollout_ref.{role}.fsdp_config.strategy=fsdp2",
+                f"actor_rollout_ref.{role}.use_torch_compile=false",
+                f"actor_rollout_ref.{role}.fsdp_config.use_torch_compile=false",
+                f"actor_rollout_ref.{role}.fsdp_config.model_dtype=fp32",
+                f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision={fp32}"]
+    return out
+
+
+def import_root() -> str:
+    """The ``sys.path`` entry this package was imported from (site-packages, or a checkout
+    run without installing): Ray's workers get it on ``PYTHONPATH`` to import the plugin."""
+    import train
+    return str(Path(train.__file__).resolve().parent.parent)
 
 
 def data_path(cfg: Config) -> Path:
@@ -66,7 +126,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"data.train_batch_size={r.tasks_per_step}",
         f"data.max_prompt_length={prompt_len}", f"data.max_response_length={r.max_response_tokens}",
         "data.return_raw_chat=true", "data.filter_overlong_prompts=false", "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={cfg.model.name}",
+        f"actor_rollout_ref.model.path={model_path(cfg)}",
         f"{actor}.optim.lr={t.lr}", f"{actor}.optim.weight_decay={t.weight_decay}",
         f"{actor}.optim.betas=[{t.betas[0]},{t.betas[1]}]", f"{actor}.optim.lr_scheduler_type=constant",
         f"{actor}.optim.clip_grad={t.grad_clip}",
@@ -93,9 +153,10 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"trainer.total_training_steps={cfg.run.steps}", f"trainer.total_epochs={epochs}",
         f"trainer.save_freq={cfg.run.save_every}", f"trainer.max_actor_ckpt_to_keep={cfg.run.keep_checkpoints}",
         f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.resume_mode={'auto' if resume else 'disable'}",
-        "trainer.logger=[console,tensorboard]", "trainer.project_name=nextstate",
+        "trainer.logger=[console]", "trainer.project_name=nextstate",
         f"trainer.experiment_name={cfg.env.family}", "trainer.val_before_train=false", "trainer.test_freq=-1",
         f"trainer.nnodes={v.nnodes}", f"trainer.n_gpus_per_node={v.n_gpus_per_node}",
+        *(cpu_overrides(cfg) if on_cpu(cfg) else []),
         *v.overrides,
     ]
 
@@ -117,9 +178,11 @@ def compose(cfg: Config, n_tasks: int, resume: bool = False) -> Any:
         raise ConfigError(f"veRL config: {str(e).splitlines()[0]}") from None
     OmegaConf.set_struct(config, False)
     config.nextstate = {k: v for k, v in cfg.to_dict().items() if k != "verl"}
-    env_vars = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-                "TENSORBOARD_DIR": str(Path(cfg.run.output).resolve() / "tensorboard")}
+    config.nextstate.run.output = str(Path(cfg.run.output).resolve())
+    env_vars = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, RUN_ENV: uuid.uuid4().hex[:12],
+                "PYTHONPATH": os.pathsep.join(filter(None, [import_root(), os.environ.get("PYTHONPATH")]))}
+    if on_cpu(cfg):
+        env_vars["VERL_PLATFORM"] = "cpu"
     config.ray_kwargs.ray_init.runtime_env.env_vars = env_vars
     OmegaConf.set_struct(config, True)
     validate(config)
@@ -144,7 +207,11 @@ def validate(config: Any) -> None:
 
 
 def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
-    """Print the composed config (``dry_run``) or write the data and run veRL's trainer on Ray."""
+    """Print the composed config (``dry_run``) or write the data and run veRL's trainer on Ray.
+
+    The local Ray cluster this starts is shut down on the way out, and the
+    sandboxes of the run's agent-loop workers are removed (by their run label).
+    """
     from omegaconf import OmegaConf
 
     tasks = load_tasks(cfg)
@@ -152,22 +219,77 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     if dry_run:
         print(OmegaConf.to_yaml(config), end="")
         return 0
-    import torch
-    if not torch.cuda.is_available():
-        raise ConfigError("the verl backend needs GPUs and none is visible; use --backend local, or --dry-run")
+    cpu = on_cpu(cfg)
+    if not cpu:
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError("verl.device=gpu but no GPU is visible; use verl.device=auto (cpu), "
+                              "--backend local, or --dry-run")
+    output = Path(cfg.run.output).resolve()
+    if cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
+        from agents.tiny import save_tiny
+        save_tiny(model_path(cfg), seed=cfg.run.seed)
     write_task_data(tasks, data_path(cfg), cfg.env.family)
-    os.environ.update(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    env_vars = dict(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    os.environ.update(env_vars)
     try:
-        import train.verl_backend.trainer  # noqa: F401  (registers the agent loop and trainer mode here too)
-        from train.verl_backend import agent_loop  # noqa: F401
+        import train.verl_backend.plugin  # noqa: F401  (registers platform, rollout, agent loop, trainer here too)
+        from train.verl_backend.trainer import MODE  # noqa: F401
     except ImportError as e:
         raise ConfigError(f"the verl backend needs veRL's agent-loop and TransferQueue stack ({e}); "
                           "install the gpu extra") from None
+    import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    print(f"nextstate train: launching veRL on {cfg.verl.nnodes}x{cfg.verl.n_gpus_per_node} GPUs, "
-          f"output {cfg.run.output}", file=sys.stderr)
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    where = "this host's CPUs (hf rollout)" if cpu else f"{cfg.verl.nnodes}x{cfg.verl.n_gpus_per_node} GPUs"
+    print(f"nextstate train: env={cfg.env.family} model={cfg.model.name} backend=verl on {where}, "
+          f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "
+          f"output={output}", file=sys.stderr)
+    started_ray = not ray.is_initialized()
+    try:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    finally:
+        if started_ray and ray.is_initialized():
+            ray.shutdown()
+            stop_leftovers(env_vars[RUN_ENV])
+        reap_sandboxes(env_vars[RUN_ENV])
+    print(f"done: metrics {output / 'metrics.jsonl'}, rollouts {output / 'rollouts.jsonl'}, "
+          f"plot {output / 'curves.png'}, checkpoints {output / 'checkpoints'}", file=sys.stderr)
     return 0
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Pids (other than this one) whose environment carries the run id: the run's Ray processes."""
+    marker = f"{RUN_ENV}={run_id}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(entry.name) != os.getpid() and marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def stop_leftovers(run_id: str, grace: float = 30.0) -> None:
+    """Wait for the run's Ray processes to exit after ``ray.shutdown()``; kill those that outlive ``grace``."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + grace
+    while (left := run_processes(run_id)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def reap_sandboxes(run_id: str) -> int:
+    """Remove the Docker sandboxes of this run's agent-loop workers (their processes are gone)."""
+    try:
+        import containers
+        return containers.reap(run_id=run_id)
+    except Exception:  # noqa: BLE001 - no Docker engine: nothing was started there
+        return 0

@@ -9,23 +9,64 @@ per-step fields from TransferQueue, runs
 writes ``advantages``, ``returns`` and the (possibly zeroed) response and
 loss masks back. The settings come from the ``nextstate`` section of the
 config (see :mod:`train.verl_backend.launch`).
+
+The mode also writes the local backend's ``metrics.jsonl`` and ``curves.png``
+(:func:`local_metrics`) and ``advantages.jsonl`` (:func:`advantage_rows`: the
+advantages each actor update reads) to the run's output folder, and on the
+``cpu`` platform starts its workers as :class:`CPUActorRolloutRefWorker`.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.utils.device import get_device_name
+from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
-from train.verl_backend.advantage import FIELDS, step_advantages
+from train.advantage import step_rewards
+from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_OUTCOME, FIELD_STEP, FIELD_VOTE_MEAN, FIELDS,
+                                          step_advantages)
 
 MODE = "nextstate"
+ADVANTAGE_LOG = "advantages.jsonl"
+
+# veRL's metric names -> the local backend's (train/batch.py, train/learner.py), so metrics.jsonl
+# and curves.png read the same on both backends; every veRL metric is kept as well
+LOCAL_NAMES = {
+    "nextstate/outcome_mean": "outcome/mean", "nextstate/outcome_success": "outcome/success",
+    "nextstate/episodes": "episodes", "nextstate/aborted_episodes": "aborted",
+    "nextstate/vote_mean": "judge/vote_mean", "nextstate/judge_score_mean": "judge/score_mean",
+    "nextstate/episode_length_mean": "episode/length_mean",
+    "nextstate/reward_mean": "reward/mean", "nextstate/advantage_mean": "advantage/mean",
+    "nextstate/advantage_std": "advantage/std", "nextstate/samples": "batch/samples",
+    "nextstate/dropped_samples": "batch/dropped_samples", "nextstate/dropped_buckets": "batch/dropped_buckets",
+    "nextstate/buckets": "batch/buckets", "actor/pg_loss": "train/pg_loss", "actor/kl_loss": "train/kl",
+    "actor/pg_clipfrac": "train/clip_frac", "actor/pg_clipfrac_lower": "train/clip_frac_lower",
+    "actor/ppo_kl": "train/ppo_kl", "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm",
+    "actor/lr": "train/lr", "timing_s/gen": "time/rollout_s", "timing_s/update_actor": "time/train_s",
+    "timing_s/step": "time/step_s",
+}
+
+
+def local_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """veRL's step metrics plus the local backend's names for the same quantities."""
+    out = dict(metrics)
+    out.update({local: metrics[name] for name, local in LOCAL_NAMES.items() if name in metrics})
+    wall = float(metrics.get("timing_s/step") or 0.0)
+    if wall > 0:
+        out["perf/samples_per_s"] = float(metrics.get("nextstate/samples", 0)) / wall
+        out["perf/episodes_per_s"] = float(metrics.get("nextstate/episodes", 0)) / wall
+    return out
 
 
 def advantage_settings(config: Any) -> dict[str, Any]:
@@ -47,6 +88,55 @@ def fields_to_dataproto(fetched: TensorDict, tags: list[dict]) -> DataProto:
                      non_tensor_batch=columns)
 
 
+class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
+    """veRL's actor/rollout/reference worker, its process group made before veRL makes one.
+
+    veRL's ``initialize_global_process_group_ray`` (``verl/utils/distributed.py``,
+    line 89) asks torch for ``cpu:gloo,<device>:<backend>``, which on the ``cpu``
+    platform is ``cpu:gloo,cpu:gloo`` and rejected by torch ("Duplicate device
+    type cpu"); it skips the call when a default group exists, so this worker
+    makes a plain gloo group first (rank, world size and rendezvous from the
+    environment veRL's worker group sets).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="gloo")
+        super().__init__(*args, **kwargs)
+
+
+def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, role: str,
+                   weight: float) -> list[dict[str, Any]]:
+    """The rows of ``advantages.jsonl`` for one update, in the local backend's format, one per sample.
+
+    Like the local trainer's (``kind``, ``train_step``, ``group_id``, ``sample``, ``step``,
+    ``role``, ``reward`` = ``R_t``, ``advantage``, ``kept``), plus veRL's view of the sample:
+    ``advantage`` is the value on its first trained token, ``uniform`` whether every trained
+    token carries it, ``tokens`` how many are trained, ``padding`` whether veRL padded the batch
+    with it, and the agent loop's ``FIELD_*`` values.
+    """
+    rows = []
+    for i, (adv, mask, extra) in enumerate(zip(fetched["advantages"].unbind(), fetched["response_mask"].unbind(),
+                                               fetched["extra_fields"])):
+        trained = adv[mask.bool()]
+        extra = {name: (extra or {}).get(name) for name in FIELDS}
+        vote = extra[FIELD_VOTE_MEAN]
+        extra[FIELD_VOTE_MEAN] = None if vote is None or vote != vote else float(vote)
+        outcome = float(extra[FIELD_OUTCOME] or 0.0)
+        reward = step_rewards(np.array([outcome]), np.array([np.nan if extra[FIELD_VOTE_MEAN] is None
+                                                              else extra[FIELD_VOTE_MEAN]]), weight)[0]
+        episode = str(extra[FIELD_EPISODE] or "")
+        rows.append({"kind": "advantage", "train_step": train_step, "group_id": str(fetched["uid"][i]),
+                     "sample": int(episode.rsplit("/", 1)[-1]) if "/" in episode else 0,
+                     "step": extra[FIELD_STEP], "role": role, "reward": float(reward),
+                     "advantage": float(trained[0]) if len(trained) else 0.0, "kept": bool(len(trained)),
+                     "uniform": bool((trained == trained[0]).all()) if len(trained) else True,
+                     "tokens": int(mask.sum()), "padding": bool(tags[i].get("is_padding", False)), **extra})
+    return rows
+
+
 @register_trainer(MODE)
 class NextStateTrainer(PPOTrainerSync):
     """veRL's sync PPO trainer; advantages from the step rows (see module docstring)."""
@@ -60,6 +150,42 @@ class NextStateTrainer(PPOTrainerSync):
     def trainer_mode(self, value: str) -> None:
         """The configured name (``nextstate``) only selects this class."""
 
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
+                         epoch: int) -> None:
+        """veRL's metrics, then one row of ``<output>/metrics.jsonl`` and the curves PNG."""
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        if getattr(self, "_metrics_log", None) is None:
+            from train.metrics import MetricsLog
+            resumed = self.config.trainer.resume_mode != "disable"
+            self._metrics_log = MetricsLog(self.config.nextstate.run.output,
+                                           resume_step=global_steps - 1 if resumed else None)
+        self._metrics_log.log(global_steps, local_metrics(metrics))
+
+    def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """veRL's actor update, after logging the advantages it reads (``<output>/advantages.jsonl``)."""
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                  select_fields=["uid", "advantages", "response_mask", "extra_fields"])
+        ns = self.config.nextstate
+        rows = advantage_rows(fetched, batch.tags, self.global_steps, role=ns.train.role,
+                              weight=float(ns.judge.weight))
+        path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
+        if not getattr(self, "_advantage_log_started", False):   # a fresh run, or rows up to the checkpoint
+            self._advantage_log_started = True
+            resumed = self.config.trainer.resume_mode != "disable" and path.exists()
+            kept = [line for line in path.read_text().splitlines()
+                    if json.loads(line)["train_step"] < self.global_steps] if resumed else []
+            path.write_text("".join(line + "\n" for line in kept))
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        return super()._update_actor(batch, metrics)
+
+    def _init_resource_pool_mgr(self) -> None:
+        """veRL's pools and roles; on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""
+        super()._init_resource_pool_mgr()
+        if get_device_name() == "cpu":
+            for role in list(self.role_worker_mapping):
+                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
+
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                   select_fields=["uid", "response_mask", "extra_fields"])
@@ -70,6 +196,7 @@ class NextStateTrainer(PPOTrainerSync):
         out = {name: response_to_nested(data.batch[src], nested_mask)
                for name, src in (("advantages", "advantages"), ("returns", "returns"),
                                  ("response_mask", "response_mask"), ("loss_mask", "response_mask"))}
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
-                        fields=TensorDict(out, batch_size=len(batch)))
-        return batch
+        # the returned meta lists every persisted field (the reference log-probs too): the actor
+        # update reads the fields it names, so the old meta would train without advantages
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                               fields=TensorDict(out, batch_size=len(batch)))

@@ -1,0 +1,1 @@
+"""The trainer's YAML configs, shipped as package data (read by :mod:`train.config`)."""

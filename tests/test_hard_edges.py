@@ -1,0 +1,195 @@
+"""Hostile actions through a real env on Docker: each is a recorded invalid step, none aborts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envs.actions import tool_schema
+from envs.base import NextStateEnv, Outcome, Task, ToolResult
+from envs.pool import SandboxPool
+
+
+class ShellEnv(NextStateEnv):
+    """One task, a bash tool with an optional timeout, and a finish tool."""
+
+    family = "terminal"
+    tools = [tool_schema("bash", "Run a command.", {"command": "string", "timeout": "number"},
+                         required=["command"]),
+             tool_schema("finish", "Done.")]
+
+    def load_tasks(self, source):
+        return [Task("t", "Do anything.")]
+
+    def call_tool(self, call):
+        if call.name == "finish":
+            return ToolResult("bye", done=True)
+        return self.command_result(self.run(call.arguments["command"], call.arguments.get("timeout")))
+
+    def compute_outcome(self):
+        return Outcome(0.0)
+
+
+def bash(command: str, timeout: str = "") -> str:
+    extra = f', "timeout": {timeout}' if timeout else ""
+    return f'<tool_call>{{"name": "bash", "arguments": {{"command": {json.dumps(command)}{extra}}}}}</tool_call>'
+
+
+HOSTILE = {
+    "nan timeout": bash("echo x", "NaN"),
+    "inf timeout": bash("echo x", "Infinity"),
+    "-inf timeout": bash("echo x", "-Infinity"),
+    "overflowing float": bash("echo x", "1e999"),
+    "huge integer": bash("echo x", "1" + "0" * 400),
+    "too many digits": bash("echo x", "1" + "0" * 5000),
+    "lone surrogate": '<tool_call>{"name": "bash", "arguments": {"command": "echo \\ud800"}}</tool_call>',
+    "raw lone surrogate": bash("echo x").replace("echo x", "echo \ud800"),
+    "NUL byte": bash("echo a\x00b"),
+    "deep JSON": "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>",
+    "deep arguments": '<tool_call>{"name": "bash", "arguments": ' + '{"a": ' * 60_000 + "1"
+                      + "}" * 60_000 + "}</tool_call>",
+}
+
+
+@pytest.fixture(scope="module")
+def env(terminal_image):
+    with SandboxPool(terminal_image, size=1, backend="docker") as pool:
+        e = ShellEnv(pool=pool, max_steps=2 * len(HOSTILE) + 5)
+        yield e
+        e.close()
+
+
+@pytest.mark.docker
+def test_every_malformed_action_is_a_recorded_invalid_step(env):
+    env.reset()
+    for what, action in HOSTILE.items():
+        obs, reward, terminated, truncated, info = env.step(action)
+        ns = info["next_state"]
+        assert "aborted" not in info, what
+        assert ns["valid"] is False and obs.startswith("Invalid action: "), (what, obs[:200])
+        assert len(ns["error"]) < 400 and "Traceback" not in ns["error"], what
+        assert not terminated and not truncated
+        # nothing was sent: the next command's output is its own, no leaked marker
+        obs, *_ = env.step(bash("echo ok"))
+        assert obs == "ok\n[exit code 0]", (what, obs[:200])
+    assert env.step('<tool_call>{"name": "finish", "arguments": {}}</tool_call>')[2]  # lease given back
+
+
+@pytest.mark.docker
+def test_malformed_actions_do_not_abort_an_agent_loop_episode(env):
+    """Through train.rollout, as training runs it: every step is recorded, the episode ends normally."""
+    import asyncio
+
+    from train.rollout import collect
+    from agents.testing import ScriptedPolicy
+
+    hostile = [a for what, a in HOSTILE.items() if what != "raw lone surrogate"]  # not tokenizable
+    script = hostile + ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>']
+    answers = iter(script)   # in order, whatever the chat budget leaves of the history
+    policy = ScriptedPolicy(lambda messages: next(answers))
+    [traj] = asyncio.run(collect(lambda: ShellEnv(pool=env.pool, max_steps=len(script)),
+                                 policy, env.tasks, parallel=1))
+    assert traj.status == "finished", (traj.status, traj.error)
+    assert len(traj.steps) == len(script)
+    assert sum(not s.next_state["valid"] for s in traj.steps) == len(hostile)
+
+
+# -- judge, metrics, checkpoints ---------------------------------------------------------------
+async def test_judge_timeout_is_logged_with_text(caplog):
+    from agents.testing import ScriptedPolicy
+    from judges.prm import JudgeRequest, StepJudge
+
+    judge = StepJudge(ScriptedPolicy(["\\boxed{1}"], delay=2.0), timeout=0.1)
+    req = JudgeRequest("terminal", "do it", [], {"name": "bash", "arguments": {}}, {"output": "x"})
+    result = await judge.judge(req)
+    assert result.error == "TimeoutError: no answer within 0.1s"
+    assert "no answer within 0.1s" in caplog.text
+
+
+def test_vote_mean_is_missing_when_no_vote_was_valid():
+    from agents.trajectory import Step, Trajectory
+    from train.batch import rollout_metrics
+
+    def traj(vote_mean):
+        step = Step("agent", 0, [1], [2], [-0.1], "x", None, {"valid": True}, "o",
+                    votes=[0, 0], vote_mean=vote_mean)
+        t = Trajectory(task_id="t", group_id="g", sample=0, family="terminal", steps=[step])
+        t.status = "finished"
+        return t
+    assert "judge/vote_mean" not in rollout_metrics([traj(None), traj(None)])
+    assert rollout_metrics([traj(None), traj(-1.0)])["judge/vote_mean"] == -1.0
+
+
+def test_a_half_deleted_checkpoint_is_cleaned_up(tmp_path):
+    import torch
+
+    from agents.tiny import load_tiny
+    from train import checkpoint
+
+    model, tok = load_tiny(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    checkpoint.save(tmp_path, 1, model, tok, opt.state_dict(), {}, keep=1)
+    # a deletion interrupted after meta.json went: weights stranded, no longer a checkpoint
+    stranded = tmp_path / "checkpoints" / "step_000000"
+    (stranded / "model").mkdir(parents=True)
+    (stranded / "model" / "model.safetensors").write_bytes(b"\0" * 4096)
+    assert checkpoint.latest(tmp_path).name == "step_000001"
+    checkpoint.save(tmp_path, 2, model, tok, opt.state_dict(), {}, keep=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
+
+
+# -- evaluate's and train's start-up checks ------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "gold", "--parallel", "0"], "--parallel must be at least 1, got 0"),
+    (["--policy", "gold", "--max-steps", "-1"], "--max-steps must be at least 1, got -1"),
+    (["--policy", "http://127.0.0.1:1", "--model", "http://127.0.0.1:1"], "--model is the model's name"),
+    (["--policy", "http://127.0.0.1:{port}"], "policy URL http://127.0.0.1:{port} does not answer"),
+])
+def test_evaluate_refuses_bad_flags_up_front(flags, message, tmp_path, capsys):
+    from train.evaluate import main
+
+    port = _free_port()
+    flags = [f.format(port=port) for f in flags]
+    assert main(["--env", "terminal", "--output", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message.format(port=port) in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("models, message", [
+    (500, "GET /models failed (HTTP 500"),
+    ([], "lists no model"),
+])
+def test_unknown_model_names_the_setting_to_fill_in(models, message, tmp_path, capsys):
+    from agents.testing import ScriptedOpenAIServer
+    from train.__main__ import main as train_main
+    from train.evaluate import main as evaluate_main
+
+    with ScriptedOpenAIServer("\\boxed{1}", models=models) as server:
+        assert train_main(["--env", "terminal", "--judge", server.url, "--model", "tiny",
+                           "--output", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and err.endswith("set judge.model=<the served model's name>")
+        assert "\n" not in err
+        assert evaluate_main(["--env", "terminal", "--policy", server.url,
+                              "--output", str(tmp_path / "eval")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and err.endswith("set --model=<the served model's name>")
+
+
+def test_a_model_the_server_does_not_list_is_refused(tmp_path, capsys):
+    from agents.testing import ScriptedOpenAIServer
+    from train.evaluate import main
+
+    with ScriptedOpenAIServer("x", models=["served"]) as server:
+        assert main(["--env", "terminal", "--policy", server.url, "--model", "typo",
+                     "--output", str(tmp_path)]) == 2
+    assert "does not serve model 'typo' (it serves: served); set --model" in capsys.readouterr().err

@@ -1,0 +1,101 @@
+"""One real veRL training step on this machine's CPUs: ``python -m train --backend verl``.
+
+veRL 0.9.1's V1 trainer in the ``nextstate`` mode on a local Ray cluster, the
+``cpu`` platform and the ``hf`` rollout of the plugin, the ``nextstate``
+agent loop, the ``tiny`` model. The step judge is a scripted
+OpenAI-compatible server (a stand-in for a judge model, which cannot be
+downloaded here): its vote depends on the judged step's text, so the step
+rewards are not constant and the update has a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transfer_queue", reason="veRL's TransferQueue trainer stack is not installed")
+pytest.importorskip("ray", reason="Ray is not installed")
+
+from agents.testing import ScriptedOpenAIServer  # noqa: E402
+from train.advantage import StepRows, compute_advantages  # noqa: E402
+from train.verl_backend import advantage as vadv  # noqa: E402
+from train.verl_backend.launch import run_processes  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def judge_vote(request: dict) -> str:
+    """+1 or -1 from a checksum of the judged conversation: fixed per step, varied across steps."""
+    text = json.dumps(request.get("messages"), sort_keys=True)
+    return "\\boxed{1}" if zlib.crc32(text.encode()) % 2 else "\\boxed{-1}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is selected only without an accelerator")
+def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weights(tmp_path):
+    out_dir = tmp_path / "run"
+    with ScriptedOpenAIServer(judge_vote) as judge:
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", "--env", "toolcall", "--backend", "verl", "--model", "tiny",
+             "--steps", "1", "--output", str(out_dir), "--judge", judge.url,
+             "env.sandbox_backend=local", "env.max_steps=2", "rollout.tasks_per_step=2",
+             "rollout.samples_per_task=4", "rollout.max_response_tokens=16", "train.lr=1e-4",
+             "verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]']"],
+            cwd=REPO, capture_output=True, text=True, timeout=1500,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+        judged = len(judge.requests)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert judged > 0
+
+    # the advantages the actor update read equal the shared computation on the same rows
+    rows = [json.loads(line) for line in (out_dir / "advantages.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if not r["padding"] and not r[vadv.FIELD_ABORTED]]
+    assert len(rows) >= 8 and {r["train_step"] for r in rows} == {1}
+    assert all(r["uniform"] and r["tokens"] > 0 for r in rows)
+    shared = compute_advantages(
+        StepRows(group=np.array([r["group_id"] for r in rows]), step=np.array([r[vadv.FIELD_STEP] for r in rows]),
+                 outcome=np.array([r[vadv.FIELD_OUTCOME] for r in rows], dtype=float),
+                 vote_mean=np.array([np.nan if r[vadv.FIELD_VOTE_MEAN] is None else r[vadv.FIELD_VOTE_MEAN]
+                                     for r in rows]),
+                 state=np.array([r[vadv.FIELD_STATE] for r in rows])),
+        "step_index", c=1.0, eps=1e-6, drop_constant=False)
+    assert len(set(shared.rewards.tolist())) > 1, "the judge gave every step the same reward"
+    np.testing.assert_allclose([r["advantage"] for r in rows], shared.advantages, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([r["reward"] for r in rows], shared.rewards)
+    assert np.abs(shared.advantages).max() > 0.5
+
+    # the actor's weights changed: veRL's HF export of the step-1 checkpoint vs the initial model
+    from transformers import AutoModelForCausalLM
+    before = AutoModelForCausalLM.from_pretrained(out_dir / "model").state_dict()
+    after = AutoModelForCausalLM.from_pretrained(
+        out_dir / "checkpoints" / "global_step_1" / "actor" / "huggingface").state_dict()
+    assert before.keys() == after.keys()
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) > len(before) // 2, f"only {moved} changed"
+
+    # the local backend's outputs; the hf rollout's log-probs are the ones veRL's actor recomputes
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1]
+    m = metrics[0]
+    for key in ("outcome/mean", "judge/score_mean", "reward/mean", "advantage/std", "train/kl", "train/clip_frac",
+                "batch/samples"):
+        assert key in m, key
+    assert m["training/rollout_probs_diff_max"] < 1e-3
+    assert (out_dir / "curves.png").stat().st_size > 0
+    kinds = {json.loads(line)["kind"] for line in (out_dir / "rollouts.jsonl").read_text().splitlines()}
+    assert {"step", "judge", "trajectory"} <= kinds
+
+    # nothing of the run is left running
+    run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
+    assert run_processes(run_id) == []
