@@ -2,7 +2,7 @@
 
 ``python -m bench.learning [--seeds 0 1 2] [--steps N] [--json]`` starts from one
 supervised warm start (the CPU demo's: the ``tiny`` model fine-tuned by
-:mod:`train.sft` on oracle runs of procedural terminal tasks) and trains each
+:mod:`train.sft` on a random-answer behaviour policy on procedural terminal tasks) and trains each
 variant with the same seeds and the same step budget through the local
 backend (real Docker sandboxes, real updates):
 
