@@ -126,7 +126,7 @@ def test_template_overrides_by_dict_and_path(tmp_path):
 
 async def test_one_request_with_n_votes_through_the_server():
     answers = ["fine \\boxed{1}", "\\boxed{1}", "hmm \\boxed{-1}", "garbage", "\\boxed{1}"]
-    with ScriptedOpenAIServer(lambda req: answers[:req["n"]]) as s:
+    with ScriptedOpenAIServer(lambda req: answers[:req.get("n", 1)]) as s:
         judge = StepJudge(OpenAIPolicy(s.url, model="judge"), m=5, temperature=0.6)
         result = await judge.judge(request())
     assert len(s.requests) == 1

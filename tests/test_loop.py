@@ -60,7 +60,7 @@ def make_env() -> EchoEnv:
 
 @pytest.fixture
 def judge_server():
-    with ScriptedOpenAIServer(lambda req: ["ok \\boxed{1}"] * req["n"]) as server:
+    with ScriptedOpenAIServer(lambda req: ["ok \\boxed{1}"] * req.get("n", 1)) as server:
         yield server
 
 

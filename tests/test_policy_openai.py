@@ -115,7 +115,7 @@ def test_trimmed_stop_string_is_restored():
 
 
 async def test_complete_asks_n_in_one_request():
-    with ScriptedOpenAIServer(lambda req: [f"answer {i}" for i in range(req["n"])]) as s:
+    with ScriptedOpenAIServer(lambda req: [f"answer {i}" for i in range(req.get("n", 1))]) as s:
         texts = await policy(s).complete(MESSAGES, n=5, temperature=0.6, max_tokens=32)
     assert texts == [f"answer {i}" for i in range(5)]
     assert len(s.requests) == 1 and s.requests[0]["n"] == 5
