@@ -57,8 +57,7 @@ def _corpus() -> list[str]:
     from agents.chat import TOOL_FORMAT, system_prompt
     from envs import env_class, procedural, registry
 
-    texts = [TOOL_FORMAT, 'To use a tool, answer with <tool_call>{"name": "<tool name>", "arguments": '
-             '{<arguments>}}</tool_call>', "Available tools (name and argument names), one per line:"]
+    texts = [TOOL_FORMAT, "Available tools (name and argument names), one per line:"]
     for family in registry.names():
         tools = getattr(env_class(family), "tools", [])
         texts.append(system_prompt(family, tools))
