@@ -32,7 +32,10 @@ class ChatConfig:
     ``context_tokens`` bounds the prompt plus ``max_response_tokens``;
     ``max_observation_chars`` clips each observation (head and tail kept);
     ``max_images`` is how many of the latest images the history keeps (older
-    ones become an ``[image omitted]`` note; 0 sends none).
+    ones become an ``[image omitted]`` note; 0 sends none). ``system_prompt``
+    False sends no system turn and no tool list: the task and the history only,
+    for a model fine-tuned to a fixed tool format (the CPU demo's tiny model,
+    which cannot learn to use what it reads behind a long constant preamble).
     """
 
     context_tokens: int = 32768
@@ -40,6 +43,7 @@ class ChatConfig:
     stop: tuple[str, ...] = ("</tool_call>",)
     max_observation_chars: int = 16000
     max_images: int = 3
+    system_prompt: bool = True
 
     def sampling(self) -> dict[str, Any]:
         """Stop conditions and length for a policy call (EOS always stops too)."""
@@ -58,6 +62,17 @@ def system_prompt(family: str, tools: list[dict], role_note: str | None = None, 
         parts.append("Tools (JSON schemas):\n" + "\n".join(json.dumps(t) for t in tools))
     parts.append(TOOL_FORMAT)
     return "\n\n".join(parts)
+
+
+def prompt_head(family: str, tools: list[dict], policy: Policy, config: "ChatConfig",
+                role_note: str | None = None) -> tuple[str | None, list[dict] | None]:
+    """``(system prompt, tools for the policy call)`` of a step: both ``None`` when
+    ``config.system_prompt`` is off; the tools are ``None`` too when the policy's template
+    can't render them (they are then in the system prompt's text)."""
+    if not config.system_prompt:
+        return None, None
+    system = system_prompt(family, tools, role_note, tools_in_text=not policy.renders_tools)
+    return system, tools if policy.renders_tools else None
 
 
 def clip(text: str, max_chars: int) -> str:
@@ -135,11 +150,11 @@ def _image_quota(observations: list[Observation | str], max_images: int) -> list
     return quota[::-1]
 
 
-def build_messages(system: str, first_observation: Observation | str, turns: list[Turn], *, policy: Policy,
+def build_messages(system: str | None, first_observation: Observation | str, turns: list[Turn], *, policy: Policy,
                    tools: list[dict] | None, config: ChatConfig) -> list[dict]:
     """The prompt for the next step, truncated to ``config``'s budget.
 
-    Keeps the system prompt, the task (first observation) and as many of the
+    Keeps the system prompt (none when ``system`` is None), the task (first observation) and as many of the
     latest turns as fit; the dropped middle is announced in the task message.
     When even the last turn alone does not fit, observations are clipped harder.
     Only the latest ``config.max_images`` images are sent.
@@ -152,8 +167,8 @@ def build_messages(system: str, first_observation: Observation | str, turns: lis
         task = {"role": "user", "content": observation_content(first_observation, max_chars, quota[0])}
         body = [m for i, t in enumerate(turns) if i >= dropped
                 for m in turn_messages(t, i, max_chars, quota[i + 1])]
-        return [{"role": "system", "content": system},
-                _with_marker(task, dropped) if dropped else task, *body]
+        head = [{"role": "system", "content": system}] if system is not None else []
+        return [*head, _with_marker(task, dropped) if dropped else task, *body]
 
     def fits(dropped: int) -> bool:
         return policy.count_tokens(render(dropped), tools) <= budget

@@ -2,7 +2,8 @@
 
 ``python -m bench.learning [--seeds 0 1 2] [--steps N] [--json]`` starts from one
 supervised warm start (the CPU demo's: the ``tiny`` model fine-tuned by
-:mod:`train.sft` on a random-answer behaviour policy on procedural terminal tasks) and trains each
+:mod:`train.sft` on the "hasty" behaviour policy on procedural terminal tasks, which
+reads the note only half of the time) and trains each
 variant with the same seeds and the same step budget through the local
 backend (real Docker sandboxes, real updates):
 

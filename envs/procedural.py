@@ -11,9 +11,13 @@ final state is graded in the sandbox by the task's own ``run-tests.sh`` (the
 file's content is compared with the word), like any terminal-bench task,
 through :func:`envs.terminal.grade_terminal_task`.
 
-:func:`guess_actions` is a behaviour policy for warm starts that read the note
-and then write a word picked at random (``python -m train.sft --source
-random_choice``): it shows the format and the reading step, not the mapping.
+:func:`hasty_actions` is a behaviour policy for warm starts (``python -m
+train.sft --source hasty``): half of the time it reads the note and writes what it
+read, otherwise it writes a word picked at random without reading. A model
+cloned from it knows the format and what to do with the note once it has read
+it, but reads only about half of the time (success about 5/8): what RL has to
+learn is to look before acting, which only the next state of the reading step
+rewards.
 
 Instances are plain :class:`~envs.base.Task` rows that :class:`~envs.terminal.TerminalEnv`
 runs: ``TerminalEnv(tasks="procedural:0:512")`` makes seeds 0..511. Named
@@ -58,10 +62,13 @@ def instance(seed: int) -> Task:
         "max_test_timeout_sec": 10}, category="procedural")
 
 
-def guess_actions(task: Task, rng: random.Random) -> list[dict]:
-    """The oracle's reading step, then a word drawn uniformly from the task's choices
-    (right 1 time in K): a behaviour policy that knows the format but not the mapping."""
-    return actions(rng.choice(task.data["choices"]))
+def hasty_actions(task: Task, rng: random.Random) -> list[dict]:
+    """Half of the time the oracle (read, write what was read, finish); otherwise write a word
+    drawn uniformly from the task's choices without reading (right 1 time in K), and finish."""
+    if rng.random() < 0.5:
+        return task.data["oracle"]
+    guess = actions(rng.choice(task.data["choices"]))
+    return guess[1:]
 
 
 def is_procedural(source: object) -> bool:

@@ -1,6 +1,6 @@
 """The whole pipeline learns: a short seeded run raises held-out success over its warm start.
 
-Real pieces end to end: the tiny model fine-tuned by ``train.sft`` on oracle runs,
+Real pieces end to end: the tiny model fine-tuned by ``train.sft`` on the hasty behaviour policy,
 procedural terminal tasks in Docker sandboxes graded in the sandbox, the rule
 judge, advantages, veRL's loss, the update, and the weights published to the
 serving model that the held-out evaluation samples from. A wrong response mask,
@@ -28,14 +28,18 @@ def test_procedural_instances_are_seeded_and_heldout_is_disjoint():
         procedural.load("procedural:oops")
 
 
-def test_random_choice_behaviour_reads_then_writes_any_word():
+def test_hasty_behaviour_reads_half_of_the_time_and_guesses_otherwise():
     import random
 
     task = procedural.instance(5)
-    plans = [procedural.guess_actions(task, random.Random(i)) for i in range(40)]
-    assert all(p[0]["arguments"]["command"] == "cat /app/note" for p in plans)
-    written = {p[1]["arguments"]["command"].split()[1] for p in plans}
-    assert written == set(procedural.WORDS)   # not only the right one: the warm start can't learn the mapping
+    plans = [procedural.hasty_actions(task, random.Random(i)) for i in range(80)]
+    read = [p for p in plans if p[0]["arguments"].get("command") == "cat /app/note"]
+    guessed = [p for p in plans if p not in read]
+    assert 25 <= len(read) <= 55
+    assert all(p == task.data["oracle"] for p in read)      # after reading: the word it read
+    assert all(p[0]["arguments"]["command"].startswith("echo ") and p[-1]["name"] == "finish" for p in guessed)
+    written = {p[0]["arguments"]["command"].split()[1] for p in guessed}
+    assert written == set(procedural.WORDS)   # guesses: any word, so only reading pays
 
 
 async def test_rule_judge_votes_on_the_next_state():
@@ -50,22 +54,20 @@ async def test_rule_judge_votes_on_the_next_state():
 
 @pytest.mark.docker
 @pytest.mark.slow
-@pytest.mark.skip(reason="not yet reliable: held-out rise 0.00 -> 0.19 with run seed 0 but 0.00 -> 0.09 "
-                         "with seed 1 (a flipped advantage sign: 0.00 -> 0.00), issue 10")
 def test_a_short_run_raises_heldout_success_over_the_warm_start(tmp_path, terminal_image):
     from train.config import load_config
     from train.local import LocalTrainer
 
-    cfg = load_config("terminal", cpu_demo=True, overrides=["run.steps=12", "eval.every=0", "run.seed=0"])
+    cfg = load_config("terminal", cpu_demo=True, overrides=["run.steps=10", "eval.every=0", "run.seed=0"])
     rows = LocalTrainer(cfg, tmp_path, progress=False).run()
     evals = [r for r in rows if "eval/success" in r]
-    assert [r["step"] for r in evals] == [0, 12]
+    assert [r["step"] for r in evals] == [0, 10]
     before, after = evals[0]["eval/success"], evals[-1]["eval/success"]
     summary = json.loads((tmp_path / "warm_start" / "sft.json").read_text())
     assert summary["examples"] >= 64 and summary["loss_last"] < summary["loss_first"]
-    assert summary["source"] == "random_choice"
+    assert summary["source"] == "hasty"
     assert before < 0.8, f"the warm start leaves no room to learn (held-out success {before})"
-    assert after >= before + 0.1, f"held-out success {before} -> {after}: the run did not learn"
+    assert after >= before + 0.15, f"held-out success {before} -> {after}: the run did not learn"
     assert any(r.get("batch/samples", 0) > 0 for r in rows)
 
 

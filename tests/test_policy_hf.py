@@ -113,13 +113,16 @@ def test_tiny_renders_tools_and_make_policy():
     assert '"name": "bash"' in text and text.endswith("<|im_start|>assistant\n")
 
 
-def test_tokenizer_is_byte_level_with_single_token_tags():
+def test_tokenizer_is_byte_level_bpe_with_single_token_tags():
     _, tok = load_tiny()
-    text = "héllo\n\t \x00 <tool_call>{}</tool_call>"
+    text = "h\xe9llo\n\t \x00 <tool_call>{}</tool_call> \U0001F600"
     ids = tok.encode(text, add_special_tokens=False)
-    assert ids[:7] == list("héllo\n".encode())
+    assert tok.decode(ids, skip_special_tokens=True) == text   # any text round-trips
     assert ids.count(tok.convert_tokens_to_ids("<tool_call>")) == 1
-    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok.convert_ids_to_tokens(list(range(256, 261))) == [
+        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"]
+    call = '<tool_call>{"name": "bash", "arguments": {"command": "cat /app/note"}}</tool_call>'
+    assert len(tok.encode(call, add_special_tokens=False)) < len(call) / 3   # merges learned
 
 
 def test_same_seed_same_weights():
@@ -199,7 +202,7 @@ async def test_batched_requests_match_the_trainers_recomputation(temperature):
 
 async def test_seeded_request_does_not_depend_on_its_batch():
     policy = HFPolicy("tiny", batch_window_s=0.2)
-    alone = await policy.generate(_chat(3), temperature=1.0, max_tokens=16, seed=11)
+    alone = await policy.generate(_chat(0), temperature=1.0, max_tokens=16, seed=11)
     crowd = await asyncio.gather(*(policy.generate(_chat(k), temperature=1.0, max_tokens=16, seed=11 + k)
                                    for k in range(8)))
     assert policy.batcher.largest == 8

@@ -61,6 +61,7 @@ class RolloutConfig:
     max_response_tokens: int = 8192
     max_context_tokens: int = 16384
     max_images: int = 3               # screenshots kept in the prompt's history (OSWorld agents keep 3)
+    system_prompt: bool = True        # false: no system turn, no tool list (agents.chat.ChatConfig)
 
 
 @dataclass
@@ -107,7 +108,7 @@ class SFTConfig:
     """Supervised warm start before RL (:mod:`train.sft`): oracle runs of ``tasks``, then
     ``steps`` updates of cross-entropy on the successful ones. ``steps: 0`` skips it."""
     tasks: str | None = None          # task source for the oracle runs (e.g. procedural:0:64)
-    source: str = "oracle"            # oracle | random_choice (see python -m train.sft --source)
+    source: str = "oracle"            # oracle | hasty (see python -m train.sft --source)
     steps: int = 0
     lr: float = 1.0e-3
     batch_size: int = 16
@@ -313,7 +314,7 @@ def validate(cfg: Config) -> None:
         (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
         (cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
         (cfg.sft.steps == 0 or bool(cfg.sft.tasks), "sft.steps > 0 needs sft.tasks"),
-        (cfg.sft.source in ("oracle", "random_choice"), "sft.source must be oracle or random_choice"),
+        (cfg.sft.source in ("oracle", "hasty"), "sft.source must be oracle or hasty"),
         (cfg.eval.every >= 0 and cfg.eval.samples_per_task >= 1, "eval.every must be >= 0, eval.samples_per_task >= 1"),
         (cfg.judge.mode in ("policy", "rules", "none", "url"),
          f"judge.mode must be policy, rules, none or url, got {cfg.judge.mode!r}"),

@@ -145,7 +145,7 @@ class LocalTrainer:
         r = self.cfg.rollout
         chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
         chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
-                          max_images=r.max_images)
+                          max_images=r.max_images, system_prompt=r.system_prompt)
         return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
                              router=single_role(self.cfg.train.role), chat=chat, recorder=self.recorder,
@@ -155,7 +155,8 @@ class LocalTrainer:
     async def evaluate(self) -> dict[str, float]:
         """Success of the serving model on the held-out tasks (no judge, no training)."""
         r, e = self.cfg.rollout, self.cfg.eval
-        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens)
+        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
+                          max_images=r.max_images, system_prompt=r.system_prompt)
         trajs = await collect(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks,
                               n_samples=e.samples_per_task, parallel=r.parallel,
                               router=single_role(self.cfg.train.role), chat=chat,

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from agents.chat import ChatConfig, Turn, build_messages, system_prompt
+from agents.chat import ChatConfig, Turn, build_messages, prompt_head
 from agents.policy import Generation, Policy, PolicyError
 from agents.recorder import Recorder
 from agents.trajectory import Step, Trajectory
@@ -114,11 +114,10 @@ async def _act(ep: _Episode) -> tuple[str, list[dict], Generation, float]:
     if role not in ep.roles:
         raise KeyError(f"router chose role {role!r}, but the policies are {sorted(ep.roles)}")
     policy, env = ep.roles[role], ep.env
-    system = system_prompt(env.family, env.tools, getattr(ep.router, "notes", {}).get(role),
-                           tools_in_text=not policy.renders_tools)
-    messages = build_messages(system, ep.first_obs, ep.turns, policy=policy, tools=env.tools, config=ep.chat)
+    system, tools = prompt_head(env.family, env.tools, policy, ep.chat, getattr(ep.router, "notes", {}).get(role))
+    messages = build_messages(system, ep.first_obs, ep.turns, policy=policy, tools=tools, config=ep.chat)
     t0 = time.monotonic()
-    gen = await policy.generate(messages, env.tools if policy.renders_tools else None, **ep.gen_kw)
+    gen = await policy.generate(messages, tools, **ep.gen_kw)
     return role, messages, gen, time.monotonic() - t0
 
 

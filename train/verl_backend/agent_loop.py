@@ -209,7 +209,7 @@ class NextStateAgentLoop(AgentLoopBase):
                                                self.apply_chat_template_kwargs))
         chat = ChatConfig(context_tokens=self.rollout_config.prompt_length + self.rollout_config.response_length,
                           max_response_tokens=self.rollout_config.response_length,
-                          max_images=cfg.rollout.max_images)
+                          max_images=cfg.rollout.max_images, system_prompt=cfg.rollout.system_prompt)
         env = await res.envs.atake(res.executor)
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),
