@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -84,51 +85,279 @@ def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
-def common_prefix(prompts: Sequence[list[int]]) -> int:
-    """Length of the longest prefix all ``prompts`` share, leaving each at least one token."""
-    if len(prompts) < 2:
-        return 0
-    return min(len(os.path.commonprefix(list(prompts))), min(map(len, prompts)) - 1)
+KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys and values, each [heads, tokens, head_dim]
+
+
+def weights_key(model: Any) -> tuple:
+    """Changes whenever a parameter of ``model`` is modified in place or replaced (torch bumps a
+    tensor's ``_version`` on every in-place write: an optimizer step, ``copy_``, ``mul_``)."""
+    return (id(model), *((id(p), p._version) for p in model.parameters()))
+
+
+class PrefixCache:
+    """KV caches of token sequences the model has run, reused by later prompts that start the same.
+
+    An episode's next turn extends its previous prompt and answer, and the first turns of all
+    episodes share a system prompt: :func:`decode` prefills only what no stored sequence
+    covers. Matching is on token ids (any tokenizer): the longest common prefix of a prompt
+    and a stored sequence, found through a chained hash of ``block``-token blocks. The least
+    recently used sequences go once the entries pass ``max_bytes``; a sequence that another
+    one extends is dropped for it. The entries belong to one set of weights: :meth:`check`
+    clears them when :func:`weights_key` changes. Not thread-safe (one worker uses it).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30, block: int = 16):
+        self.max_bytes, self.block = max_bytes, block
+        self.bytes = 0
+        self.hits = 0              # prompts that reused a stored prefix
+        self.reused_tokens = 0     # prompt tokens not prefilled thanks to it
+        self.prefilled_tokens = 0  # prompt tokens prefilled
+        self._entries: "OrderedDict[int, tuple[list[int], KV, list[int]]]" = OrderedDict()
+        self._index: dict[int, dict[int, None]] = {}   # chained block hash -> entry keys
+        self._ids = itertools.count()
+        self._weights: tuple | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def check(self, model: Any) -> None:
+        """Forget every entry if ``model``'s weights changed since the last check."""
+        key = weights_key(model)
+        if key != self._weights:
+            self.clear()
+            self._weights = key
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._index.clear()
+        self.bytes = 0
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        h, out, b = 0, [], self.block
+        for j in range(len(ids) // b):
+            h = hash((h, *ids[j * b:(j + 1) * b]))
+            out.append(h)
+        return out
+
+    def _longest(self, ids: list[int]) -> tuple[int, int | None]:
+        """``(length, entry key)`` of the longest common prefix of ``ids`` and a stored sequence."""
+        hashes = self._hashes(ids)
+        lo, hi = 0, len(hashes)   # blocks [0, lo) are known to be stored; binary search the rest
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if hashes[mid - 1] in self._index else (lo, mid - 1)
+        if lo == 0:
+            return 0, None
+        best, best_key = 0, None
+        start = lo * self.block
+        for key in self._index[hashes[lo - 1]]:
+            seq = self._entries[key][0]
+            if seq[:start] != ids[:start]:   # a hash collision
+                continue
+            n = start
+            while n < len(seq) and n < len(ids) and seq[n] == ids[n]:
+                n += 1
+            if n > best:
+                best, best_key = n, key
+        return best, best_key
+
+    def match(self, ids: list[int], limit: int | None = None) -> tuple[int, KV | None]:
+        """The longest stored prefix of ``ids`` (at most ``limit`` tokens): its length and KV."""
+        n, key = self._longest(ids)
+        n = min(n, len(ids) if limit is None else limit)
+        if key is None or n <= 0:
+            return 0, None
+        self._entries.move_to_end(key)
+        kv = self._entries[key][1]
+        return n, [(k[:, :n], v[:, :n]) for k, v in kv]
+
+    def add(self, ids: list[int], kv: KV) -> None:
+        """Store ``kv``, the cache of ``ids`` (a sequence already covered is not stored twice)."""
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if not ids or size > self.max_bytes:
+            return
+        n, key = self._longest(ids)
+        if n == len(ids):
+            return
+        if key is not None and n == len(self._entries[key][0]):   # ids extend a stored sequence
+            self._drop(key)
+        key = next(self._ids)
+        hashes = self._hashes(ids)
+        self._entries[key] = (list(ids), kv, hashes)
+        for h in hashes:
+            self._index.setdefault(h, {})[key] = None
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: int) -> None:
+        _, kv, hashes = self._entries.pop(key)
+        self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        for h in hashes:
+            keys = self._index[h]
+            keys.pop(key, None)
+            if not keys:
+                del self._index[h]
+
+
+MIN_SHARED = 16   # a prefix rows of a batch share is prefilled on its own from this many tokens
+
+
+def _shared_prefixes(prompts: Sequence[list[int]]) -> list[list[int]]:
+    """The prefixes (of at least ``MIN_SHARED`` tokens) that prompts share, shortest first: for
+    each prompt, its longest common prefix with another one, leaving it at least one token."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    lcp = [len(os.path.commonprefix([prompts[a], prompts[b]])) for a, b in zip(order, order[1:])] + [0]
+    found: dict[tuple[int, ...], None] = {}
+    for j, i in enumerate(order):
+        n = min(max(lcp[j - 1] if j else 0, lcp[j]), len(prompts[i]) - 1)
+        if n >= MIN_SHARED:
+            found[tuple(prompts[i][:n])] = None
+    return [list(p) for p in sorted(found, key=len)]
+
+
+def _supported(model: Any) -> bool:
+    """Whether ``model``'s cache is one full-attention ``DynamicLayer`` per layer (what
+    :class:`PrefixCache` can slice and pad); other caches run without reuse."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def _cache_of(model: Any, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A ``DynamicCache`` holding ``kv`` (per layer: keys and values, [batch, heads, tokens, dim])."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k, v, layer)
+    return cache
+
+
+def _prefill(model: Any, prompts: list[list[int]], pasts: list[tuple[int, KV | None]], pad_id: int
+             ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    """Run the part of each prompt its past (a stored prefix) does not cover, as one batch.
+
+    Row ``i`` of the cache reads ``[padding][past][padding][rest of prompt]``, the padding
+    masked out and position ids counting real tokens only. Returns the last position's
+    logits, the cache, its attention mask and each row's next position id.
+    """
+    device = model.device
+    past = max(n for n, _ in pasts)
+    width = max(len(p) - n for p, (n, _) in zip(prompts, pasts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+    positions = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, (p, (n, _)) in enumerate(zip(prompts, pasts)):
+        own = p[n:]
+        ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
+        mask[i, past - n:past] = 1
+        mask[i, past + width - len(own):] = 1
+        positions[i, width - len(own):] = torch.arange(n, len(p))
+    if past:
+        layers = []
+        for layer in range(len(next(kv for _, kv in pasts if kv is not None))):
+            k0, v0 = next(kv for _, kv in pasts if kv is not None)[layer]
+            keys = k0.new_zeros((len(prompts), k0.shape[0], past, k0.shape[2]))
+            values = v0.new_zeros((len(prompts), v0.shape[0], past, v0.shape[2]))
+            for i, (n, kv) in enumerate(pasts):
+                if n:
+                    keys[i, :, past - n:] = kv[layer][0]
+                    values[i, :, past - n:] = kv[layer][1]
+            layers.append((keys, values))
+        cache = _cache_of(model, layers)
+    else:
+        from transformers import DynamicCache
+        cache = DynamicCache(config=model.config)
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
+    return logits, cache, mask, positions[:, -1] + 1
+
+
+def _groups(prompts: list[list[int]], pasts: list[int], r: int, max_scores: int, heads: int
+            ) -> list[list[int]]:
+    """Rows grouped for prefill: by the length left to prefill, a row joining a group while the
+    padded group costs at most 1.25x what its rows cost alone (cost of a row: new tokens x
+    (attention span + ``r``)), its attention scores within ``max_scores``."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]) - pasts[i], pasts[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        new, span = len(prompts[i]) - pasts[i], len(prompts[i])
+        alone = new * (span + r)
+        if groups:
+            g = groups[-1]
+            w, p = max(width, new), max(past, pasts[i])
+            cost = (len(g) + 1) * w * (p + w + r)
+            if cost <= 1.25 * (total + alone) + 64 * r and (len(g) + 1) * w * (p + w) * heads <= max_scores:
+                g.append(i)
+                width, past, total = w, p, total + alone
+                continue
+        groups.append([i])
+        width, past, total = new, pasts[i], alone
+    return groups
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    """``t`` ([batch, ..., tokens] with tokens at dim 2 for KV, dim 1 for masks) left-padded with zeros."""
+    dim = 2 if t.dim() == 4 else 1
+    missing = length - t.shape[dim]
+    if not missing:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 @torch.no_grad()
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
-           text_of: Callable[[list[int]], str] | None = None) -> list[Decoded]:
+           text_of: Callable[[list[int]], str] | None = None, prefixes: PrefixCache | None = None,
+           on_done: Callable[[int, Decoded], None] | None = None, max_scores: int = 1 << 26) -> list[Decoded]:
     """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
 
-    The prefix every prompt shares (a system prompt and tool schemas, the judge's
-    template, the ``n`` copies of a voting request) is prefilled once and its
-    KV cache copied to every row; the rest of each prompt follows it,
-    left-padded, so a row reads ``[shared prefix][padding][own suffix]`` with
-    the padding masked out and position ids counting real tokens only.
+    Prefill: each prompt starts from the longest prefix ``prefixes`` holds (a previous turn
+    of its episode, a shared system prompt); a prefix every prompt of the batch shares (a
+    system prompt and tool schemas, the judge's template, the ``n`` copies of a voting
+    request) is prefilled once first. What is left of the prompts is prefilled in groups of
+    similar lengths (:func:`_groups`; at most ``max_scores`` attention scores at once), then
+    all rows decode together, one forward pass per new token, a finished row leaving the
+    batch (``on_done(i, decoded)`` is called then, and its sequence stored in ``prefixes``).
     """
-    from transformers import DynamicCache
-
+    prompts = [r.prompt for r in rows]
+    reuse = _supported(model)
+    store = prefixes if prefixes is not None and reuse else PrefixCache()
+    store.check(model)
+    for prefix in _shared_prefixes(prompts) if reuse else ():
+        n, kv = store.match(prefix)
+        if n < len(prefix):
+            n, kv = store.match(prefix, len(prefix) - 1)
+            _, cache, _, _ = _prefill(model, [prefix], [(n, kv)], pad_id)
+            store.add(prefix, [(k[0], v[0]) for k, v in _layers(cache)])
+            store.prefilled_tokens += len(prefix) - n
+    pasts = [store.match(p, len(p) - 1) if reuse else (0, None) for p in prompts]
+    for p, (n, _) in zip(prompts, pasts):
+        store.hits += n > 0
+        store.reused_tokens += n
+        store.prefilled_tokens += len(p) - n
+    cfg = model.config
+    r = 6 * getattr(cfg, "hidden_size", 64)
+    heads = getattr(cfg, "num_attention_heads", 1)
+    parts = []
+    for g in _groups(prompts, [n for n, _ in pasts], r, max_scores, heads):
+        parts.append((g, *_prefill(model, [prompts[i] for i in g], [pasts[i] for i in g], pad_id)))
+    order = [i for g, *_ in parts for i in g]
+    length = max(m.shape[1] for _, _, _, m, _ in parts)
+    logits = torch.cat([lg for _, lg, _, _, _ in parts])
+    mask = torch.cat([_pad_left(m, length) for _, _, _, m, _ in parts])
+    nxt = torch.cat([n for _, _, _, _, n in parts])
+    kv = [(torch.cat([_pad_left(_layers(c)[layer][0], length) for _, _, c, _, _ in parts]),
+           torch.cat([_pad_left(_layers(c)[layer][1], length) for _, _, c, _, _ in parts]))
+          for layer in range(len(_layers(parts[0][2])))]
+    cache = _cache_of(model, kv) if len(parts) > 1 else parts[0][2]
     device = model.device
-    cache = DynamicCache(config=model.config)
-    shared = common_prefix([r.prompt for r in rows])
-    if shared:
-        prefix = torch.tensor([rows[0].prompt[:shared]], dtype=torch.long, device=device)
-        model(input_ids=prefix, position_ids=torch.arange(shared, device=device)[None],
-              past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(len(rows))
-    width = max(len(r.prompt) for r in rows) - shared
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-    mask[:, :shared] = 1
-    for i, r in enumerate(rows):
-        own = r.prompt[shared:]
-        ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
-        mask[i, shared + width - len(own):] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    nxt = positions[:, -1] + 1
-    temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
-    top_p = torch.tensor([r.top_p for r in rows], device=device)
+    temps = torch.tensor([rows[i].temperature if rows[i].temperature > 0 else 1.0 for i in order], device=device)
+    top_p = torch.tensor([rows[i].top_p for i in order], device=device)
     out = [Decoded() for _ in rows]
-    active = list(range(len(rows)))   # batch position -> row index
+    active = order   # batch position -> row index
     while True:
         tokens, logps = _choose(logits, temps, top_p, [rows[i] for i in active])
         keep = []
@@ -140,6 +369,13 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
                 row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
             if not got.stopped and len(got.ids) < row.max_new_tokens:
                 keep.append(j)
+            else:
+                if prefixes is not None and reuse:   # what was fed: the prompt and all but the last token
+                    real = mask[j].bool()
+                    prefixes.add(row.prompt + got.ids[:-1],
+                                 [(k[j][:, real].clone(), v[j][:, real].clone()) for k, v in _layers(cache)])
+                if on_done:
+                    on_done(i, got)
         if not keep:
             return out
         if len(keep) < len(active):   # finished rows leave the batch and the cache
@@ -151,6 +387,10 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
         logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=nxt[:, None],
                        past_key_values=cache, use_cache=True).logits[:, -1].float()
         nxt = nxt + 1
+
+
+def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 class Batcher:

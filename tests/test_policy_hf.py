@@ -180,7 +180,7 @@ def _chat(k: int) -> list[dict]:
 async def test_batched_requests_match_the_trainers_recomputation(temperature):
     """Prompts of very different lengths (4x apart) in one batch: left padding, the attention
     mask and position ids must give each row exactly what it gets alone."""
-    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=10**6)   # one sub-batch
+    policy = HFPolicy("tiny", batch_window_s=0.2)
     chats = [_chat(k) for k in range(12)]
     lengths = [policy.count_tokens(c) for c in chats]
     assert max(lengths) > 4 * min(lengths)
@@ -276,14 +276,17 @@ async def test_closed_policy_fails_clearly():
 
 
 async def test_shared_prefix_is_prefilled_once_and_stays_exact():
-    """Episodes share a long system prompt: rows that share it form one sub-batch (prefix
-    prefilled once, suffixes of different lengths after it); an unrelated prompt runs apart."""
-    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=0)
+    """Episodes share a long system prompt: it is prefilled once (suffixes of different
+    lengths after it); an unrelated prompt runs in the same batch from its own start."""
+    policy = HFPolicy("tiny", batch_window_s=0.2)
     system = {"role": "system", "content": "You operate a Linux terminal. " * 40}
     chats = [[system, {"role": "user", "content": "task %d " % k + "details " * (k * 9)}] for k in range(6)]
     other = [{"role": "system", "content": "Judge the step."}, {"role": "user", "content": "x" * 900}]
     gens = await asyncio.gather(*(policy.generate(c, temperature=1.0, max_tokens=12) for c in chats + [other]))
-    assert policy.decode_calls == 2
+    assert policy.decode_calls == 1
+    shared = len(os.path.commonprefix([policy.prompt_ids(c) for c in chats]))
+    total = sum(policy.count_tokens(c) for c in chats + [other])
+    assert policy.prefixes.hits == 6 and policy.prefixes.prefilled_tokens == total - 5 * shared
     for gen in gens:
         assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
 
