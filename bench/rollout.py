@@ -14,7 +14,8 @@ short generations, from one warm pool, one level after another in one run.
 - ``speedup_128``: samples/s at 128 over samples/s at 1;
 - ``judge_timeouts_128``: judge calls that timed out at 128 (goal: 0);
 - per level: episodes, samples, wall time, judge calls / timeouts / errors,
-  and the batching seen (batches, mean requests per batch, sub-batches);
+  the batching seen (batches, mean requests per batch), and the prompt tokens
+  prefilled vs reused from earlier sequences' KV caches (:class:`agents.batching.PrefixCache`);
 - ``load_avg``: the machine's 1-minute load average before and after (these
   machines are shared: read the figures with it).
 """
@@ -60,7 +61,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for level in levels:
             settle(pool)   # every level starts from a warm pool, the previous level's containers gone
             chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
-            batches, items, decodes = policy.batcher.batches, policy.batcher.items, policy.decode_calls
+            batches, items = policy.batcher.batches, policy.batcher.items
+            prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
             start = time.monotonic()
             trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
                                   router=single_role(role), chat=chat, progress=False,
@@ -76,7 +78,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
                 "batches": n_batches,
                 "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
-                "sub_batches": policy.decode_calls - decodes,
+                "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
+                "reused_tokens": policy.prefixes.reused_tokens - reused,
             }
     finally:
         pool.close()
