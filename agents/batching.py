@@ -3,10 +3,12 @@
 :class:`Batcher` collects requests from any thread or event loop for a few
 milliseconds (and everything that arrived while the previous batch ran) and
 hands them to one worker thread as one batch. :func:`decode` then generates
-all rows of a batch together: the prefix the prompts share prefilled once,
-the rest left-padded, one forward pass per new token for every unfinished
-row, with a KV cache; rows that finish leave the batch (their cache rows are
-dropped).
+all rows of a batch together: each prompt starts from the KV cache of the
+longest prefix already run (:class:`PrefixCache`: the episode's previous
+turn and answer, a system prompt other rows share), the rest prefilled in
+left-padded groups of similar lengths, then one forward pass per new token
+for every unfinished row; rows that finish leave the batch (their cache rows
+are stored for the next turn and dropped).
 
 Why not transformers' own continuous batching (``generate_batch`` /
 ``init_continuous_batching``, transformers 5)? It runs on CPU here and its
@@ -32,10 +34,12 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from agents.policy import PolicyError
 
@@ -150,15 +154,15 @@ class PrefixCache:
             return 0, None
         best, best_key = 0, None
         start = lo * self.block
-        for key in self._index[hashes[lo - 1]]:
+        for key in self._index[hashes[lo - 1]]:   # no entry shares block lo: each extends < 1 block
             seq = self._entries[key][0]
-            if seq[:start] != ids[:start]:   # a hash collision
-                continue
             n = start
             while n < len(seq) and n < len(ids) and seq[n] == ids[n]:
                 n += 1
             if n > best:
                 best, best_key = n, key
+        if best_key is not None and self._entries[best_key][0][:start] != ids[:start]:   # a hash collision
+            return 0, None
         return best, best_key
 
     def match(self, ids: list[int], limit: int | None = None) -> tuple[int, KV | None]:
@@ -220,8 +224,93 @@ def _supported(model: Any) -> bool:
     """Whether ``model``'s cache is one full-attention ``DynamicLayer`` per layer (what
     :class:`PrefixCache` can slice and pad); other caches run without reuse."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def _sdpa_gqa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, but grouped-query heads go to the kernel as they are
+    (``enable_gqa``) instead of being copied per query head (transformers copies them whenever
+    there is a mask; on CPU that copy, of the whole cache at every decoded token, costs more
+    than the attention itself). Same result, bit for bit."""
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+_GQA = "nextstate_sdpa_gqa"
+
+
+@contextmanager
+def _fast_attention(model: Any) -> Iterator[None]:
+    """Run ``model`` with :func:`_sdpa_gqa` (CPU, where it is faster, and only when the model
+    uses ``sdpa``); the model's own setting is back on exit."""
+    cfg = model.config
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
+        yield
+        return
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register(_GQA, _sdpa_gqa)
+    AttentionMaskInterface.register(_GQA, sdpa_mask)
+    cfg._attn_implementation = _GQA
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = "sdpa"
+
+
+class _Preallocated(DynamicLayer):
+    """A ``DynamicLayer`` that writes each new token into room reserved ahead, instead of
+    concatenating the whole cache at every token."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]], length: int, room: int):
+        """The rows of ``parts`` (keys and values, [batch, heads, tokens, dim]) one under the
+        other, each right-aligned to ``length`` tokens (zeros before), then ``room`` free."""
+        super().__init__()
+        k0, v0 = parts[0]
+        batch = sum(k.shape[0] for k, _ in parts)
+        self._k = k0.new_empty((batch, k0.shape[1], length + room, k0.shape[3]))
+        self._v = v0.new_empty((batch, v0.shape[1], length + room, v0.shape[3]))
+        self._k[:, :, :length].zero_()   # masked out, but a NaN there would still leak through
+        self._v[:, :, :length].zero_()
+        row = 0
+        for k, v in parts:
+            self._k[row:row + k.shape[0], :, length - k.shape[2]:length] = k
+            self._v[row:row + k.shape[0], :, length - k.shape[2]:length] = v
+            row += k.shape[0]
+        self.n, self.is_initialized = length, True
+        self.dtype, self.device = k0.dtype, k0.device
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = key_states.shape[-2]
+        if self.n + m > self._k.shape[2]:   # out of room: double it
+            grow = max(m, self._k.shape[2])
+            self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[3]))], 2)
+            self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[3]))], 2)
+        self._k[:, :, self.n:self.n + m] = key_states
+        self._v[:, :, self.n:self.n + m] = value_states
+        self.n += m
+        self._view()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.n + query_length, 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._view()
 
 
 def _cache_of(model: Any, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
@@ -297,15 +386,9 @@ def _groups(prompts: list[list[int]], pasts: list[int], r: int, max_scores: int,
     return groups
 
 
-def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """``t`` ([batch, ..., tokens] with tokens at dim 2 for KV, dim 1 for masks) left-padded with zeros."""
-    dim = 2 if t.dim() == 4 else 1
-    missing = length - t.shape[dim]
-    if not missing:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """An attention mask left-padded with zeros to ``length`` tokens."""
+    return torch.cat([mask.new_zeros((mask.shape[0], length - mask.shape[1])), mask], dim=1)
 
 
 @torch.no_grad()
@@ -315,13 +398,20 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
     """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
 
     Prefill: each prompt starts from the longest prefix ``prefixes`` holds (a previous turn
-    of its episode, a shared system prompt); a prefix every prompt of the batch shares (a
-    system prompt and tool schemas, the judge's template, the ``n`` copies of a voting
-    request) is prefilled once first. What is left of the prompts is prefilled in groups of
+    of its episode, a shared system prompt); a prefix prompts of the batch share (a system
+    prompt and tool schemas, the judge's template, the ``n`` copies of a voting request) is
+    prefilled once first (:func:`_shared_prefixes`). What is left of the prompts is prefilled in groups of
     similar lengths (:func:`_groups`; at most ``max_scores`` attention scores at once), then
     all rows decode together, one forward pass per new token, a finished row leaving the
     batch (``on_done(i, decoded)`` is called then, and its sequence stored in ``prefixes``).
     """
+    with _fast_attention(model):
+        return _decode(model, rows, pad_id, text_of, prefixes, on_done, max_scores)
+
+
+def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[list[int]], str] | None,
+            prefixes: PrefixCache | None, on_done: Callable[[int, Decoded], None] | None,
+            max_scores: int) -> list[Decoded]:
     prompts = [r.prompt for r in rows]
     reuse = _supported(model)
     store = prefixes if prefixes is not None and reuse else PrefixCache()
@@ -342,17 +432,19 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
     r = 6 * getattr(cfg, "hidden_size", 64)
     heads = getattr(cfg, "num_attention_heads", 1)
     parts = []
-    for g in _groups(prompts, [n for n, _ in pasts], r, max_scores, heads):
+    groups = _groups(prompts, [n for n, _ in pasts], r, max_scores, heads) if reuse else [list(range(len(rows)))]
+    for g in groups:
         parts.append((g, *_prefill(model, [prompts[i] for i in g], [pasts[i] for i in g], pad_id)))
     order = [i for g, *_ in parts for i in g]
     length = max(m.shape[1] for _, _, _, m, _ in parts)
     logits = torch.cat([lg for _, lg, _, _, _ in parts])
     mask = torch.cat([_pad_left(m, length) for _, _, _, m, _ in parts])
     nxt = torch.cat([n for _, _, _, _, n in parts])
-    kv = [(torch.cat([_pad_left(_layers(c)[layer][0], length) for _, _, c, _, _ in parts]),
-           torch.cat([_pad_left(_layers(c)[layer][1], length) for _, _, c, _, _ in parts]))
-          for layer in range(len(_layers(parts[0][2])))]
-    cache = _cache_of(model, kv) if len(parts) > 1 else parts[0][2]
+    cache = parts[0][2]
+    if reuse:   # one full-attention cache for every group, with room for the answers
+        room = max(r.max_new_tokens for r in rows)
+        cache.layers = [_Preallocated([_layers(c)[layer] for _, _, c, _, _ in parts], length, room)
+                        for layer in range(len(cache.layers))]
     device = model.device
     temps = torch.tensor([rows[i].temperature if rows[i].temperature > 0 else 1.0 for i in order], device=device)
     top_p = torch.tensor([rows[i].top_p for i in order], device=device)
@@ -373,7 +465,7 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
                 if prefixes is not None and reuse:   # what was fed: the prompt and all but the last token
                     real = mask[j].bool()
                     prefixes.add(row.prompt + got.ids[:-1],
-                                 [(k[j][:, real].clone(), v[j][:, real].clone()) for k, v in _layers(cache)])
+                                 [(k[j][:, real], v[j][:, real]) for k, v in _layers(cache)])
                 if on_done:
                     on_done(i, got)
         if not keep:

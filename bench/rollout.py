@@ -3,9 +3,9 @@
 ``python -m bench.rollout --json`` prints one JSON object. Real terminal
 episodes run through the agent loop (:func:`train.rollout.collect`) on the
 Docker sandbox pool, wired as ``python -m train`` wires them
-(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): the
-``tiny`` model on CPU acts, and the same local policy judges every step
-(``judge.mode=policy``, the default judge timeout). Each level runs
+(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): a
+local model (``--model``, default ``tiny``) acts on CPU, and the same local
+policy judges every step (``judge.mode=policy``, the default judge timeout). Each level runs
 ``max(level, --min-episodes)`` episodes of at most ``--max-steps`` steps with
 short generations, from one warm pool, one level after another in one run.
 
@@ -47,10 +47,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     levels = sorted(args.levels)
     cfg = load_config("terminal", overrides=[
-        "model.name=tiny", "judge.mode=policy", f"judge.votes={args.votes}",
+        f"model.name={args.model}", "judge.mode=policy", f"judge.votes={args.votes}",
         f"judge.max_tokens={args.judge_tokens}", f"env.max_steps={args.max_steps}",
         f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}"])
-    policy = HFPolicy("tiny", seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
+    policy = HFPolicy(args.model, seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
     judge = make_judge(cfg, policy)
     role = cfg.train.role
     chat = ChatConfig(context_tokens=cfg.rollout.max_context_tokens, max_response_tokens=args.max_new_tokens)
@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
         "levels": per_level,
         "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
-        "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+        "model": args.model, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -108,6 +108,7 @@ def main() -> None:
     ap.add_argument("--judge-tokens", type=int, default=32, help="tokens per judge answer")
     ap.add_argument("--votes", type=int, default=1, help="judge votes per step (one request, n=m)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
