@@ -292,10 +292,8 @@ class _Preallocated(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
         m = key_states.shape[-2]
-        if self.n + m > self._k.shape[2]:   # out of room: double it
-            grow = max(m, self._k.shape[2])
-            self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[3]))], 2)
-            self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[3]))], 2)
+        if self.n + m > self._k.shape[2]:
+            raise RuntimeError(f"cache full: {self.n} + {m} tokens, room for {self._k.shape[2]}")
         self._k[:, :, self.n:self.n + m] = key_states
         self._v[:, :, self.n:self.n + m] = value_states
         self.n += m

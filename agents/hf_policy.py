@@ -7,7 +7,8 @@ milliseconds by a :class:`~agents.batching.Batcher` and generated together by
 :mod:`agents.batching` for why this and not transformers' continuous
 batching). Prompts start from the KV cache of the longest prefix already run
 (:class:`~agents.batching.PrefixCache`: an episode's previous turn, a shared
-system prompt), so a turn prefills only what is new since the last one. The judge's ``complete`` requests are queued ahead of ``generate`` turns: the
+system prompt), so a turn prefills only what is new since the last one. The
+judge's ``complete`` requests are queued ahead of ``generate`` turns: the
 judge waits under a timeout, an episode's next turn does not.
 
 Log-probs: for each sampled token, ``log_softmax(raw_logits / T)[token]`` with

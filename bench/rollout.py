@@ -5,9 +5,10 @@ episodes run through the agent loop (:func:`train.rollout.collect`) on the
 Docker sandbox pool, wired as ``python -m train`` wires them
 (:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): a
 local model (``--model``, default ``tiny``) acts on CPU, and the same local
-policy judges every step (``judge.mode=policy``, the default judge timeout). Each level runs
-``max(level, --min-episodes)`` episodes of at most ``--max-steps`` steps with
-short generations, from one warm pool, one level after another in one run.
+policy judges every step (``judge.mode=policy``, the default judge timeout).
+Each level runs ``max(level, --min-episodes)`` episodes of at most
+``--max-steps`` steps with short generations, from one warm pool, one level
+after another in one run.
 
 - ``samples_per_s``: training samples (agent steps with token ids) per second
   of wall time, keyed by concurrent episodes ("1", "8", "32", "128");

@@ -339,6 +339,7 @@ async def test_next_turns_reuse_their_episodes_cache_and_stay_exact():
     assert policy.batcher.largest == 4
     assert policy.prefixes.reused_tokens - reused >= sum(len(g.prompt_ids) for g in firsts)
     alone = await asyncio.gather(*(plain.generate(c, temperature=0.0, max_tokens=16) for c in batch))
+    assert policy.model.config._attn_implementation == "sdpa"   # decode's own attention is undone
     for gen, ref in zip(gens, alone):
         assert gen.prompt_ids == ref.prompt_ids
         assert gen.response_ids == ref.response_ids
@@ -358,6 +359,23 @@ async def test_changed_weights_are_never_served_from_the_cache():
     gen = await policy.generate(nxt, temperature=1.0, max_tokens=12)
     assert policy.prefixes.reused_tokens == 0
     assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_a_sliding_window_model_generates_without_reuse():
+    """Only full-attention caches are reused; a model with sliding-window layers still batches
+    (one prefill, no stored prefixes) and stays exact."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+    policy = HFPolicy("tiny", batch_window_s=0.2)
+    c = policy.model.config
+    cfg = MistralConfig(vocab_size=c.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=64,
+                        pad_token_id=c.pad_token_id, eos_token_id=c.eos_token_id)
+    torch.manual_seed(0)
+    policy.model = AutoModelForCausalLM.from_config(cfg).eval()
+    gens = await asyncio.gather(*(policy.generate(_episode(k), temperature=1.0, max_tokens=12) for k in range(3)))
+    assert policy.decode_calls == 1 and policy.prefixes.reused_tokens == 0 and len(policy.prefixes) == 0
+    for gen in gens:
+        assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
 
 
 def test_prefix_cache_finds_the_longest_common_prefix_and_evicts_the_least_recent():
