@@ -15,7 +15,9 @@ after another in one run.
 - ``speedup_128``: samples/s at 128 over samples/s at 1;
 - ``judge_timeouts_128``: judge calls that timed out at 128 (goal: 0);
 - per level: episodes, samples, wall time, judge calls / timeouts / errors,
-  the batching seen (batches, mean requests per batch), and the prompt tokens
+  mean seconds per step generating, in the env and judging (``step_s``; waits
+  in the batcher's queue included), the batching seen (batches, mean requests
+  per batch), and the prompt tokens
   prefilled vs reused from earlier sequences' KV caches (:class:`agents.batching.PrefixCache`);
 - ``load_avg``: the machine's 1-minute load average before and after (these
   machines are shared: read the figures with it).
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import logging
 import os
+import statistics
 import time
 from itertools import cycle, islice
 from typing import Any
@@ -79,6 +82,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
                 "batches": n_batches,
                 "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
+                "step_s": {k: round(statistics.fmean(s.timing[k] for s in steps if k in s.timing), 3)
+                           for k in ("generate", "env", "judge") if any(k in s.timing for s in steps)},
                 "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
                 "reused_tokens": policy.prefixes.reused_tokens - reused,
             }
