@@ -53,7 +53,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_config("terminal", overrides=[
         f"model.name={args.model}", "judge.mode=policy", f"judge.votes={args.votes}",
         f"judge.max_tokens={args.judge_tokens}", f"env.max_steps={args.max_steps}",
-        f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}"])
+        f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}",
+        *args.overrides])
     policy = HFPolicy(args.model, seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
     judge = make_judge(cfg, policy)
     role = cfg.train.role
@@ -98,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
         "levels": per_level,
         "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
-        "model": args.model, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+        "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -116,6 +117,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("overrides", nargs="*", help="config overrides (KEY=VALUE, as for python -m train), "
+                    "e.g. env.sandbox_disk=null")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     report(asyncio.run(run(args)), args.json)
