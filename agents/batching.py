@@ -3,10 +3,12 @@
 :class:`Batcher` collects requests from any thread or event loop for a few
 milliseconds (and everything that arrived while the previous batch ran) and
 hands them to one worker thread as one batch. :func:`decode` then generates
-all rows of a batch together: the prefix the prompts share prefilled once,
-the rest left-padded, one forward pass per new token for every unfinished
-row, with a KV cache; rows that finish leave the batch (their cache rows are
-dropped).
+all rows of a batch together: each prompt starts from the KV cache of the
+longest prefix already run (:class:`PrefixCache`: the episode's previous
+turn and answer, a system prompt other rows share), the rest prefilled in
+left-padded groups of similar lengths, then one forward pass per new token
+for every unfinished row; rows that finish leave the batch (their cache rows
+are stored for the next turn and dropped).
 
 Why not transformers' own continuous batching (``generate_batch`` /
 ``init_continuous_batching``, transformers 5)? It runs on CPU here and its
@@ -30,11 +32,14 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from agents.policy import PolicyError
 
@@ -84,51 +89,365 @@ def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
-def common_prefix(prompts: Sequence[list[int]]) -> int:
-    """Length of the longest prefix all ``prompts`` share, leaving each at least one token."""
-    if len(prompts) < 2:
-        return 0
-    return min(len(os.path.commonprefix(list(prompts))), min(map(len, prompts)) - 1)
+KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys and values, each [heads, tokens, head_dim]
+
+
+def weights_key(model: Any) -> tuple:
+    """Changes whenever a parameter of ``model`` is modified in place or replaced (torch bumps a
+    tensor's ``_version`` on every in-place write: an optimizer step, ``copy_``, ``mul_``)."""
+    return (id(model), *((id(p), p._version) for p in model.parameters()))
+
+
+class PrefixCache:
+    """KV caches of token sequences the model has run, reused by later prompts that start the same.
+
+    An episode's next turn extends its previous prompt and answer, and the first turns of all
+    episodes share a system prompt: :func:`decode` prefills only what no stored sequence
+    covers. Matching is on token ids (any tokenizer): the longest common prefix of a prompt
+    and a stored sequence, found through a chained hash of ``block``-token blocks. The least
+    recently used sequences go once the entries pass ``max_bytes``; a sequence that another
+    one extends is dropped for it. The entries belong to one set of weights: :meth:`check`
+    clears them when :func:`weights_key` changes. Not thread-safe (one worker uses it).
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30, block: int = 16):
+        self.max_bytes, self.block = max_bytes, block
+        self.bytes = 0
+        self.hits = 0              # prompts that reused a stored prefix
+        self.reused_tokens = 0     # prompt tokens not prefilled thanks to it
+        self.prefilled_tokens = 0  # prompt tokens prefilled
+        self._entries: "OrderedDict[int, tuple[list[int], KV, list[int]]]" = OrderedDict()
+        self._index: dict[int, dict[int, None]] = {}   # chained block hash -> entry keys
+        self._ids = itertools.count()
+        self._weights: tuple | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def check(self, model: Any) -> None:
+        """Forget every entry if ``model``'s weights changed since the last check."""
+        key = weights_key(model)
+        if key != self._weights:
+            self.clear()
+            self._weights = key
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._index.clear()
+        self.bytes = 0
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        h, out, b = 0, [], self.block
+        for j in range(len(ids) // b):
+            h = hash((h, *ids[j * b:(j + 1) * b]))
+            out.append(h)
+        return out
+
+    def _longest(self, ids: list[int]) -> tuple[int, int | None]:
+        """``(length, entry key)`` of the longest common prefix of ``ids`` and a stored sequence."""
+        hashes = self._hashes(ids)
+        lo, hi = 0, len(hashes)   # blocks [0, lo) are known to be stored; binary search the rest
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if hashes[mid - 1] in self._index else (lo, mid - 1)
+        if lo == 0:
+            return 0, None
+        best, best_key = 0, None
+        start = lo * self.block
+        for key in self._index[hashes[lo - 1]]:   # no entry shares block lo: each extends < 1 block
+            seq = self._entries[key][0]
+            n = start
+            while n < len(seq) and n < len(ids) and seq[n] == ids[n]:
+                n += 1
+            if n > best:
+                best, best_key = n, key
+        if best_key is not None and self._entries[best_key][0][:start] != ids[:start]:   # a hash collision
+            return 0, None
+        return best, best_key
+
+    def match(self, ids: list[int], limit: int | None = None) -> tuple[int, KV | None]:
+        """The longest stored prefix of ``ids`` (at most ``limit`` tokens): its length and KV."""
+        n, key = self._longest(ids)
+        n = min(n, len(ids) if limit is None else limit)
+        if key is None or n <= 0:
+            return 0, None
+        self._entries.move_to_end(key)
+        kv = self._entries[key][1]
+        return n, [(k[:, :n], v[:, :n]) for k, v in kv]
+
+    def add(self, ids: list[int], kv: KV) -> None:
+        """Store ``kv``, the cache of ``ids`` (a sequence already covered is not stored twice)."""
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if not ids or size > self.max_bytes:
+            return
+        n, key = self._longest(ids)
+        if n == len(ids):
+            return
+        if key is not None and n == len(self._entries[key][0]):   # ids extend a stored sequence
+            self._drop(key)
+        key = next(self._ids)
+        hashes = self._hashes(ids)
+        self._entries[key] = (list(ids), kv, hashes)
+        for h in hashes:
+            self._index.setdefault(h, {})[key] = None
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: int) -> None:
+        _, kv, hashes = self._entries.pop(key)
+        self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        for h in hashes:
+            keys = self._index[h]
+            keys.pop(key, None)
+            if not keys:
+                del self._index[h]
+
+
+MIN_SHARED = 16   # a prefix rows of a batch share is prefilled on its own from this many tokens
+
+
+def _shared_prefixes(prompts: Sequence[list[int]]) -> list[list[int]]:
+    """The prefixes (of at least ``MIN_SHARED`` tokens) that prompts share, shortest first: for
+    each prompt, its longest common prefix with another one, leaving it at least one token."""
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+    lcp = [len(os.path.commonprefix([prompts[a], prompts[b]])) for a, b in zip(order, order[1:])] + [0]
+    found: dict[tuple[int, ...], None] = {}
+    for j, i in enumerate(order):
+        n = min(max(lcp[j - 1] if j else 0, lcp[j]), len(prompts[i]) - 1)
+        if n >= MIN_SHARED:
+            found[tuple(prompts[i][:n])] = None
+    return [list(p) for p in sorted(found, key=len)]
+
+
+def _supported(model: Any) -> bool:
+    """Whether ``model``'s cache is one full-attention ``DynamicLayer`` per layer (what
+    :class:`PrefixCache` can slice and pad); other caches run without reuse."""
+    from transformers import DynamicCache
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def _sdpa_gqa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` attention, but grouped-query heads go to the kernel as they are
+    (``enable_gqa``) instead of being copied per query head (transformers copies them whenever
+    there is a mask; on CPU that copy, of the whole cache at every decoded token, costs more
+    than the attention itself). Same result, bit for bit."""
+    causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+_GQA = "nextstate_sdpa_gqa"
+
+
+@contextmanager
+def _fast_attention(model: Any) -> Iterator[None]:
+    """Run ``model`` with :func:`_sdpa_gqa` (CPU, where it is faster, and only when the model
+    uses ``sdpa``); the model's own setting is back on exit."""
+    cfg = model.config
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or model.device.type != "cpu":
+        yield
+        return
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register(_GQA, _sdpa_gqa)
+    AttentionMaskInterface.register(_GQA, sdpa_mask)
+    cfg._attn_implementation = _GQA
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = "sdpa"
+
+
+class _Preallocated(DynamicLayer):
+    """A ``DynamicLayer`` that writes each new token into room reserved ahead, instead of
+    concatenating the whole cache at every token."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, torch.Tensor]], length: int, room: int):
+        """The rows of ``parts`` (keys and values, [batch, heads, tokens, dim]) one under the
+        other, each right-aligned to ``length`` tokens (zeros before), then ``room`` free."""
+        super().__init__()
+        k0, v0 = parts[0]
+        batch = sum(k.shape[0] for k, _ in parts)
+        self._k = k0.new_empty((batch, k0.shape[1], length + room, k0.shape[3]))
+        self._v = v0.new_empty((batch, v0.shape[1], length + room, v0.shape[3]))
+        self._k[:, :, :length].zero_()   # masked out, but a NaN there would still leak through
+        self._v[:, :, :length].zero_()
+        row = 0
+        for k, v in parts:
+            self._k[row:row + k.shape[0], :, length - k.shape[2]:length] = k
+            self._v[row:row + k.shape[0], :, length - k.shape[2]:length] = v
+            row += k.shape[0]
+        self.n, self.is_initialized = length, True
+        self.dtype, self.device = k0.dtype, k0.device
+        self._view()
+
+    def _view(self) -> None:
+        self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = key_states.shape[-2]
+        if self.n + m > self._k.shape[2]:
+            raise RuntimeError(f"cache full: {self.n} + {m} tokens, room for {self._k.shape[2]}")
+        self._k[:, :, self.n:self.n + m] = key_states
+        self._v[:, :, self.n:self.n + m] = value_states
+        self.n += m
+        self._view()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.n
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.n + query_length, 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._view()
+
+
+def _cache_of(model: Any, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A ``DynamicCache`` holding ``kv`` (per layer: keys and values, [batch, heads, tokens, dim])."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k, v, layer)
+    return cache
+
+
+def _prefill(model: Any, prompts: list[list[int]], pasts: list[tuple[int, KV | None]], pad_id: int
+             ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+    """Run the part of each prompt its past (a stored prefix) does not cover, as one batch.
+
+    Row ``i`` of the cache reads ``[padding][past][padding][rest of prompt]``, the padding
+    masked out and position ids counting real tokens only. Returns the last position's
+    logits, the cache, its attention mask and each row's next position id.
+    """
+    device = model.device
+    past = max(n for n, _ in pasts)
+    width = max(len(p) - n for p, (n, _) in zip(prompts, pasts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+    positions = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, (p, (n, _)) in enumerate(zip(prompts, pasts)):
+        own = p[n:]
+        ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
+        mask[i, past - n:past] = 1
+        mask[i, past + width - len(own):] = 1
+        positions[i, width - len(own):] = torch.arange(n, len(p))
+    if past:
+        layers = []
+        for layer in range(len(next(kv for _, kv in pasts if kv is not None))):
+            k0, v0 = next(kv for _, kv in pasts if kv is not None)[layer]
+            keys = k0.new_zeros((len(prompts), k0.shape[0], past, k0.shape[2]))
+            values = v0.new_zeros((len(prompts), v0.shape[0], past, v0.shape[2]))
+            for i, (n, kv) in enumerate(pasts):
+                if n:
+                    keys[i, :, past - n:] = kv[layer][0]
+                    values[i, :, past - n:] = kv[layer][1]
+            layers.append((keys, values))
+        cache = _cache_of(model, layers)
+    else:
+        from transformers import DynamicCache
+        cache = DynamicCache(config=model.config)
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
+    return logits, cache, mask, positions[:, -1] + 1
+
+
+def _groups(prompts: list[list[int]], pasts: list[int], r: int, max_scores: int, heads: int
+            ) -> list[list[int]]:
+    """Rows grouped for prefill: by the length left to prefill, a row joining a group while the
+    padded group costs at most 1.25x what its rows cost alone (cost of a row: new tokens x
+    (attention span + ``r``)), its attention scores within ``max_scores``."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]) - pasts[i], pasts[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        new, span = len(prompts[i]) - pasts[i], len(prompts[i])
+        alone = new * (span + r)
+        if groups:
+            g = groups[-1]
+            w, p = max(width, new), max(past, pasts[i])
+            cost = (len(g) + 1) * w * (p + w + r)
+            if cost <= 1.25 * (total + alone) + 64 * r and (len(g) + 1) * w * (p + w) * heads <= max_scores:
+                g.append(i)
+                width, past, total = w, p, total + alone
+                continue
+        groups.append([i])
+        width, past, total = new, pasts[i], alone
+    return groups
+
+
+def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """An attention mask left-padded with zeros to ``length`` tokens."""
+    return torch.cat([mask.new_zeros((mask.shape[0], length - mask.shape[1])), mask], dim=1)
 
 
 @torch.no_grad()
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
-           text_of: Callable[[list[int]], str] | None = None) -> list[Decoded]:
+           text_of: Callable[[list[int]], str] | None = None, prefixes: PrefixCache | None = None,
+           on_done: Callable[[int, Decoded], None] | None = None, max_scores: int = 1 << 26) -> list[Decoded]:
     """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
 
-    The prefix every prompt shares (a system prompt and tool schemas, the judge's
-    template, the ``n`` copies of a voting request) is prefilled once and its
-    KV cache copied to every row; the rest of each prompt follows it,
-    left-padded, so a row reads ``[shared prefix][padding][own suffix]`` with
-    the padding masked out and position ids counting real tokens only.
+    Prefill: each prompt starts from the longest prefix ``prefixes`` holds (a previous turn
+    of its episode, a shared system prompt); a prefix prompts of the batch share (a system
+    prompt and tool schemas, the judge's template, the ``n`` copies of a voting request) is
+    prefilled once first (:func:`_shared_prefixes`). What is left of the prompts is prefilled in groups of
+    similar lengths (:func:`_groups`; at most ``max_scores`` attention scores at once), then
+    all rows decode together, one forward pass per new token, a finished row leaving the
+    batch (``on_done(i, decoded)`` is called then, and its sequence stored in ``prefixes``).
     """
-    from transformers import DynamicCache
+    with _fast_attention(model):
+        return _decode(model, rows, pad_id, text_of, prefixes, on_done, max_scores)
 
+
+def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[list[int]], str] | None,
+            prefixes: PrefixCache | None, on_done: Callable[[int, Decoded], None] | None,
+            max_scores: int) -> list[Decoded]:
+    prompts = [r.prompt for r in rows]
+    reuse = _supported(model)
+    store = prefixes if prefixes is not None and reuse else PrefixCache()
+    store.check(model)
+    for prefix in _shared_prefixes(prompts) if reuse else ():
+        n, kv = store.match(prefix)
+        if n < len(prefix):
+            n, kv = store.match(prefix, len(prefix) - 1)
+            _, cache, _, _ = _prefill(model, [prefix], [(n, kv)], pad_id)
+            store.add(prefix, [(k[0], v[0]) for k, v in _layers(cache)])
+            store.prefilled_tokens += len(prefix) - n
+    pasts = [store.match(p, len(p) - 1) if reuse else (0, None) for p in prompts]
+    for p, (n, _) in zip(prompts, pasts):
+        store.hits += n > 0
+        store.reused_tokens += n
+        store.prefilled_tokens += len(p) - n
+    cfg = model.config
+    r = 6 * getattr(cfg, "hidden_size", 64)
+    heads = getattr(cfg, "num_attention_heads", 1)
+    parts = []
+    groups = _groups(prompts, [n for n, _ in pasts], r, max_scores, heads) if reuse else [list(range(len(rows)))]
+    for g in groups:
+        parts.append((g, *_prefill(model, [prompts[i] for i in g], [pasts[i] for i in g], pad_id)))
+    order = [i for g, *_ in parts for i in g]
+    length = max(m.shape[1] for _, _, _, m, _ in parts)
+    logits = torch.cat([lg for _, lg, _, _, _ in parts])
+    mask = torch.cat([_pad_left(m, length) for _, _, _, m, _ in parts])
+    nxt = torch.cat([n for _, _, _, _, n in parts])
+    cache = parts[0][2]
+    if reuse:   # one full-attention cache for every group, with room for the answers
+        room = max(r.max_new_tokens for r in rows)
+        cache.layers = [_Preallocated([_layers(c)[layer] for _, _, c, _, _ in parts], length, room)
+                        for layer in range(len(cache.layers))]
     device = model.device
-    cache = DynamicCache(config=model.config)
-    shared = common_prefix([r.prompt for r in rows])
-    if shared:
-        prefix = torch.tensor([rows[0].prompt[:shared]], dtype=torch.long, device=device)
-        model(input_ids=prefix, position_ids=torch.arange(shared, device=device)[None],
-              past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(len(rows))
-    width = max(len(r.prompt) for r in rows) - shared
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-    mask[:, :shared] = 1
-    for i, r in enumerate(rows):
-        own = r.prompt[shared:]
-        ids[i, width - len(own):] = torch.tensor(own, dtype=torch.long)
-        mask[i, shared + width - len(own):] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1].float()
-    nxt = positions[:, -1] + 1
-    temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
-    top_p = torch.tensor([r.top_p for r in rows], device=device)
+    temps = torch.tensor([rows[i].temperature if rows[i].temperature > 0 else 1.0 for i in order], device=device)
+    top_p = torch.tensor([rows[i].top_p for i in order], device=device)
     out = [Decoded() for _ in rows]
-    active = list(range(len(rows)))   # batch position -> row index
+    active = order   # batch position -> row index
     while True:
         tokens, logps = _choose(logits, temps, top_p, [rows[i] for i in active])
         keep = []
@@ -140,6 +459,13 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
                 row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
             if not got.stopped and len(got.ids) < row.max_new_tokens:
                 keep.append(j)
+            else:
+                if prefixes is not None and reuse:   # what was fed: the prompt and all but the last token
+                    real = mask[j].bool()
+                    prefixes.add(row.prompt + got.ids[:-1],
+                                 [(k[j][:, real], v[j][:, real]) for k, v in _layers(cache)])
+                if on_done:
+                    on_done(i, got)
         if not keep:
             return out
         if len(keep) < len(active):   # finished rows leave the batch and the cache
@@ -151,6 +477,10 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
         logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=nxt[:, None],
                        past_key_values=cache, use_cache=True).logits[:, -1].float()
         nxt = nxt + 1
+
+
+def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 class Batcher:

@@ -5,9 +5,10 @@ Generation is batched: requests from concurrent episodes and from the judge
 milliseconds by a :class:`~agents.batching.Batcher` and generated together by
 :func:`~agents.batching.decode` on one worker thread (see
 :mod:`agents.batching` for why this and not transformers' continuous
-batching). A batch is split into sub-batches of rows that share a prompt
-prefix (prefilled once per sub-batch), each within ``max_batch_tokens``.
-The judge's ``complete`` requests are queued ahead of ``generate`` turns: the
+batching). Prompts start from the KV cache of the longest prefix already run
+(:class:`~agents.batching.PrefixCache`: an episode's previous turn, a shared
+system prompt), so a turn prefills only what is new since the last one. The
+judge's ``complete`` requests are queued ahead of ``generate`` turns: the
 judge waits under a timeout, an episode's next turn does not.
 
 Log-probs: for each sampled token, ``log_softmax(raw_logits / T)[token]`` with
@@ -27,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agents.batching import Batcher, Decoded, Row, common_prefix, decode
+from agents.batching import Batcher, Decoded, PrefixCache, Row, decode
 from agents.policy import Generation, Policy
 
 
@@ -44,7 +45,7 @@ class HFPolicy(Policy):
     """A local model serving batched generations from one worker thread.
 
     ``.model`` and ``.tokenizer`` are public: the local trainer updates
-    ``.model`` in place, holding ``.lock`` while it does (each sub-batch holds it
+    ``.model`` in place, holding ``.lock`` while it does (each batch holds it
     from its first token to its last, so no generation sees half-swapped weights).
     ``seed=`` in :meth:`generate` seeds that request's own random generator, so
     its tokens do not depend on what else shares its batch. The model runs in
@@ -52,15 +53,15 @@ class HFPolicy(Policy):
     preset's weights. ``batch_window_s``: how long a batch waits for more
     requests after its first; ``max_batch_rows``: rows per batch (a batch holds the
     worker until its last row is done, so this bounds how long a new request waits);
-    ``max_batch_tokens``: token positions one sub-batch's prefill may run;
-    ``join_slack_tokens``: see :meth:`_chunks`.
-    ``decode_calls`` counts batched generations (one per sub-batch).
+    ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
+    whenever the weights change; 0 turns reuse off).
+    ``decode_calls`` counts batched generations (one per batch, more if a batch failed).
     """
 
     def __init__(self, model_name_or_path: str = "tiny", device: str = "cpu", dtype: Any = None, *,
                  seed: int = 0, max_new_tokens: int = 512, name: str | None = None,
                  batch_window_s: float = 0.005, max_batch_rows: int = 32,
-                 max_batch_tokens: int = 262144, join_slack_tokens: int = 2048):
+                 prefix_cache_bytes: int = 1 << 30):
         import torch
         if model_name_or_path == "tiny":
             from agents.tiny import load_tiny
@@ -72,7 +73,7 @@ class HFPolicy(Policy):
         self.model.to(device=device, dtype=dtype or torch.float32).eval()
         self.device = device
         self.max_new_tokens = max_new_tokens
-        self.max_batch_tokens, self.join_slack_tokens = max_batch_tokens, join_slack_tokens
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.name = name or f"hf:{model_name_or_path}"
         self.renders_tools = "tools" in (self.tokenizer.chat_template or "")
         self.lock = threading.Lock()
@@ -144,74 +145,47 @@ class HFPolicy(Policy):
         return Generation(text=text, prompt_ids=row.prompt, response_ids=got.ids, logprobs=got.logprobs,
                           finish_reason="stop" if got.stopped else "length", ids_from_server=True)
 
-    def _decode(self, rows: list[Row]) -> list[Decoded]:
+    def _decode(self, rows: list[Row], on_done: Callable[[int, Decoded], None] | None = None) -> list[Decoded]:
         with self.lock:
             self.decode_calls += 1
-            return decode(self.model, rows, self._pad_id(), self._decode_text)
+            return decode(self.model, rows, self._pad_id(), self._decode_text, self.prefixes, on_done)
 
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self._eos_ids()[0]
 
     def _run_batch(self, reqs: list[_Request], deliver: Callable[[int, Any], None]) -> None:
-        """Generations for every request of a batch (worker thread), each delivered as soon as
-        its rows are done; an error stays with its request."""
+        """Generations for every request of a batch (worker thread), in one :func:`decode`, each
+        delivered as soon as its rows are done; an error stays with its request."""
         rows: dict[int, list[Row]] = {}
         for k, req in enumerate(reqs):
             try:
                 rows[k] = self._rows(req)
             except Exception as e:
                 deliver(k, e)
+        if not rows:
+            return
+        flat = [(k, i) for k, rs in rows.items() for i in range(len(rs))]
         outs: dict[int, list[Decoded | None]] = {k: [None] * len(rs) for k, rs in rows.items()}
         left = {k: len(rs) for k, rs in rows.items()}
-        flat = sorted(((k, i, r) for k, rs in rows.items() for i, r in enumerate(rs)),   # shared
-                      key=lambda kir: (reqs[kir[0]].priority, kir[2].prompt))   # prefixes side by side
 
-        def done(k: int) -> None:
-            del left[k]
-            deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
+        def row_done(j: int, got: Decoded) -> None:
+            k, i = flat[j]
+            outs[k][i] = got
+            left[k] -= 1
+            if not left[k]:
+                deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
 
-        for chunk in self._chunks(flat):
-            chunk = [(k, i, r) for k, i, r in chunk if k in left]
-            if not chunk:
-                continue
-            try:
-                got = self._decode([r for _, _, r in chunk])
-            except Exception:   # run each request of the sub-batch alone: only the culprit fails
-                for k in dict.fromkeys(k for k, _, _ in chunk):
-                    try:
-                        outs[k] = list(self._decode(rows[k]))
-                    except Exception as e:
-                        del left[k]
-                        deliver(k, e)
-                    else:
-                        done(k)
-                continue
-            for (k, i, _), d in zip(chunk, got):
-                outs[k][i] = d
-                left[k] -= 1
-                if not left[k]:
-                    done(k)
-
-    def _chunks(self, flat: list[tuple[int, int, Row]]) -> list[list[tuple[int, int, Row]]]:
-        """Sub-batches of consecutive rows (sorted by prompt, so a sub-batch shares the prefix its
-        first and last rows share): a row joins the current sub-batch when that adds no more
-        prefill than running it alone would, plus ``join_slack_tokens`` (what another sub-batch's
-        decode loop costs, in prefill tokens), within ``max_batch_tokens``."""
-        chunks: list[list[tuple[int, int, Row]]] = []
-        for kir in flat:
-            prompt = kir[2].prompt
-            if chunks:
-                short, long = min(shortest, len(prompt)), max(longest, len(prompt))
-                shared = min(common_prefix([chunks[-1][0][2].prompt, prompt]), short - 1)
-                grown = shared + (len(chunks[-1]) + 1) * (long - shared)
-                if grown <= min(cost + len(prompt) + self.join_slack_tokens, self.max_batch_tokens):
-                    chunks[-1].append(kir)
-                    cost, shortest, longest = grown, short, long
-                    continue
-            chunks.append([kir])
-            cost = shortest = longest = len(prompt)
-        return chunks
+        try:
+            self._decode([rows[k][i] for k, i in flat], row_done)
+        except Exception:   # run each unfinished request alone: only the culprit fails
+            for k in [k for k, n in left.items() if n]:
+                try:
+                    got = self._decode(rows[k])
+                except Exception as e:
+                    deliver(k, e)
+                else:
+                    deliver(k, [self._generation(r, d) for r, d in zip(rows[k], got)])
 
     async def _run(self, messages: list[dict], tools: list[dict] | None, n: int,
                    sampling: dict[str, Any], priority: int = 1) -> list[Generation]:

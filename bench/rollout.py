@@ -3,18 +3,22 @@
 ``python -m bench.rollout --json`` prints one JSON object. Real terminal
 episodes run through the agent loop (:func:`train.rollout.collect`) on the
 Docker sandbox pool, wired as ``python -m train`` wires them
-(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): the
-``tiny`` model on CPU acts, and the same local policy judges every step
-(``judge.mode=policy``, the default judge timeout). Each level runs
-``max(level, --min-episodes)`` episodes of at most ``--max-steps`` steps with
-short generations, from one warm pool, one level after another in one run.
+(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): a
+local model (``--model``, default ``tiny``) acts on CPU, and the same local
+policy judges every step (``judge.mode=policy``, the default judge timeout).
+Each level runs ``max(level, --min-episodes)`` episodes of at most
+``--max-steps`` steps with short generations, from one warm pool, one level
+after another in one run.
 
 - ``samples_per_s``: training samples (agent steps with token ids) per second
   of wall time, keyed by concurrent episodes ("1", "8", "32", "128");
 - ``speedup_128``: samples/s at 128 over samples/s at 1;
 - ``judge_timeouts_128``: judge calls that timed out at 128 (goal: 0);
 - per level: episodes, samples, wall time, judge calls / timeouts / errors,
-  and the batching seen (batches, mean requests per batch, sub-batches);
+  mean seconds per step generating, in the env and judging (``step_s``; waits
+  in the batcher's queue included), the batching seen (batches, mean requests
+  per batch), and the prompt tokens
+  prefilled vs reused from earlier sequences' KV caches (:class:`agents.batching.PrefixCache`);
 - ``load_avg``: the machine's 1-minute load average before and after (these
   machines are shared: read the figures with it).
 """
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import logging
 import os
+import statistics
 import time
 from itertools import cycle, islice
 from typing import Any
@@ -46,10 +51,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     levels = sorted(args.levels)
     cfg = load_config("terminal", overrides=[
-        "model.name=tiny", "judge.mode=policy", f"judge.votes={args.votes}",
+        f"model.name={args.model}", "judge.mode=policy", f"judge.votes={args.votes}",
         f"judge.max_tokens={args.judge_tokens}", f"env.max_steps={args.max_steps}",
-        f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}"])
-    policy = HFPolicy("tiny", seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
+        f"rollout.max_response_tokens={args.max_new_tokens}", f"rollout.parallel={levels[-1]}",
+        *args.overrides])
+    policy = HFPolicy(args.model, seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
     judge = make_judge(cfg, policy)
     role = cfg.train.role
     chat = ChatConfig(context_tokens=cfg.rollout.max_context_tokens, max_response_tokens=args.max_new_tokens)
@@ -60,7 +66,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for level in levels:
             settle(pool)   # every level starts from a warm pool, the previous level's containers gone
             chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
-            batches, items, decodes = policy.batcher.batches, policy.batcher.items, policy.decode_calls
+            batches, items = policy.batcher.batches, policy.batcher.items
+            prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
             start = time.monotonic()
             trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
                                   router=single_role(role), chat=chat, progress=False,
@@ -76,7 +83,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
                 "batches": n_batches,
                 "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
-                "sub_batches": policy.decode_calls - decodes,
+                "step_s": {k: round(statistics.fmean(s.timing[k] for s in steps if k in s.timing), 3)
+                           for k in ("generate", "env", "judge") if any(k in s.timing for s in steps)},
+                "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
+                "reused_tokens": policy.prefixes.reused_tokens - reused,
             }
     finally:
         pool.close()
@@ -89,7 +99,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
         "levels": per_level,
         "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
-        "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+        "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
@@ -105,7 +115,10 @@ def main() -> None:
     ap.add_argument("--judge-tokens", type=int, default=32, help="tokens per judge answer")
     ap.add_argument("--votes", type=int, default=1, help="judge votes per step (one request, n=m)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("overrides", nargs="*", help="config overrides (KEY=VALUE, as for python -m train), "
+                    "e.g. env.sandbox_disk=null")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     report(asyncio.run(run(args)), args.json)

@@ -183,7 +183,7 @@ def _chat(k: int) -> list[dict]:
 async def test_batched_requests_match_the_trainers_recomputation(temperature):
     """Prompts of very different lengths (4x apart) in one batch: left padding, the attention
     mask and position ids must give each row exactly what it gets alone."""
-    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=10**6)   # one sub-batch
+    policy = HFPolicy("tiny", batch_window_s=0.2)
     chats = [_chat(k) for k in range(12)]
     lengths = [policy.count_tokens(c) for c in chats]
     assert max(lengths) > 4 * min(lengths)
@@ -279,14 +279,17 @@ async def test_closed_policy_fails_clearly():
 
 
 async def test_shared_prefix_is_prefilled_once_and_stays_exact():
-    """Episodes share a long system prompt: rows that share it form one sub-batch (prefix
-    prefilled once, suffixes of different lengths after it); an unrelated prompt runs apart."""
-    policy = HFPolicy("tiny", batch_window_s=0.2, join_slack_tokens=0)
+    """Episodes share a long system prompt: it is prefilled once (suffixes of different
+    lengths after it); an unrelated prompt runs in the same batch from its own start."""
+    policy = HFPolicy("tiny", batch_window_s=0.2)
     system = {"role": "system", "content": "You operate a Linux terminal. " * 40}
     chats = [[system, {"role": "user", "content": "task %d " % k + "details " * (k * 9)}] for k in range(6)]
     other = [{"role": "system", "content": "Judge the step."}, {"role": "user", "content": "x" * 900}]
     gens = await asyncio.gather(*(policy.generate(c, temperature=1.0, max_tokens=12) for c in chats + [other]))
-    assert policy.decode_calls == 2
+    assert policy.decode_calls == 1
+    shared = len(os.path.commonprefix([policy.prompt_ids(c) for c in chats]))
+    total = sum(policy.count_tokens(c) for c in chats + [other])
+    assert policy.prefixes.hits == 6 and policy.prefixes.prefilled_tokens == total - 5 * shared
     for gen in gens:
         assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
 
@@ -314,3 +317,91 @@ async def test_judge_requests_go_ahead_of_queued_turns():
         await asyncio.sleep(0.1)
     await asyncio.gather(first, judge, *rest)
     assert finished[:2] == ["turn0", "vote"], finished
+
+
+# -- prefix cache ------------------------------------------------------------------------
+def _episode(k: int) -> list[dict]:
+    return [{"role": "system", "content": "You operate a Linux terminal. " * 20},
+            {"role": "user", "content": f"task {k}: " + "list the files. " * (3 + 5 * k)}]
+
+
+async def test_next_turns_reuse_their_episodes_cache_and_stay_exact():
+    """A turn's prompt extends the previous turn's prompt and answer: it starts from that
+    sequence's KV cache, in a batch with a prompt that has none, and the tokens and log-probs
+    are those of the same requests run without reuse."""
+    policy = HFPolicy("tiny", batch_window_s=0.2)
+    plain = HFPolicy("tiny", batch_window_s=0.2, prefix_cache_bytes=0)
+    assert plain.prefixes is None
+    firsts = await asyncio.gather(*(policy.generate(_episode(k), temperature=1.0, max_tokens=16, seed=k)
+                                    for k in range(3)))
+    seconds = [_episode(k) + [{"role": "assistant", "content": g.text}, {"role": "user", "content": "out: ok"}]
+               for k, g in enumerate(firsts)]
+    batch = seconds + [_chat(4)]
+    reused = policy.prefixes.reused_tokens
+    gens = await asyncio.gather(*(policy.generate(c, temperature=0.0, max_tokens=16) for c in batch))
+    assert policy.batcher.largest == 4
+    assert policy.prefixes.reused_tokens - reused >= sum(len(g.prompt_ids) for g in firsts)
+    alone = await asyncio.gather(*(plain.generate(c, temperature=0.0, max_tokens=16) for c in batch))
+    assert policy.model.config._attn_implementation == "sdpa"   # decode's own attention is undone
+    for gen, ref in zip(gens, alone):
+        assert gen.prompt_ids == ref.prompt_ids
+        assert gen.response_ids == ref.response_ids
+        assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_changed_weights_are_never_served_from_the_cache():
+    """The trainer writes new weights in place: every stored cache is dropped, so the next turn
+    is prefilled under the new weights (its log-probs match a recomputation with them)."""
+    policy = HFPolicy("tiny")
+    first = await policy.generate(_episode(1), temperature=1.0, max_tokens=12)
+    assert len(policy.prefixes) >= 1
+    with policy.lock, torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(0.5)
+    nxt = _episode(1) + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "out: ok"}]
+    gen = await policy.generate(nxt, temperature=1.0, max_tokens=12)
+    assert policy.prefixes.reused_tokens == 0
+    assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_a_sliding_window_model_generates_without_reuse():
+    """Only full-attention caches are reused; a model with sliding-window layers still batches
+    (one prefill, no stored prefixes) and stays exact."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+    policy = HFPolicy("tiny", batch_window_s=0.2)
+    c = policy.model.config
+    cfg = MistralConfig(vocab_size=c.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=64,
+                        pad_token_id=c.pad_token_id, eos_token_id=c.eos_token_id)
+    torch.manual_seed(0)
+    policy.model = AutoModelForCausalLM.from_config(cfg).eval()
+    gens = await asyncio.gather(*(policy.generate(_episode(k), temperature=1.0, max_tokens=12) for k in range(3)))
+    assert policy.decode_calls == 1 and policy.prefixes.reused_tokens == 0 and len(policy.prefixes) == 0
+    for gen in gens:
+        assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+def test_prefix_cache_finds_the_longest_common_prefix_and_evicts_the_least_recent():
+    """Any token ids (not only bytes); the match is cut to ``limit``; a sequence that extends a
+    stored one replaces it; past ``max_bytes`` the least recently used sequence goes."""
+    from agents.batching import PrefixCache
+
+    def kv(n: int) -> list:   # one layer, 2 heads, head dim 3; value = position
+        t = torch.arange(n, dtype=torch.float32)[None, :, None].expand(2, n, 3).clone()
+        return [(t, t.clone())]
+
+    size = 2 * 2 * 40 * 3 * 4   # one 40-token entry, keys and values
+    cache = PrefixCache(max_bytes=2 * size + 200, block=4)   # two entries (three do not fit)
+    a = [50_000 + i for i in range(40)]
+    cache.add(a, kv(40))
+    n, got = cache.match(a[:21] + [7, 7, 7])
+    assert n == 21 and got[0][0].shape == (2, 21, 3) and float(got[0][0][0, -1, 0]) == 20
+    assert cache.match(a + [1], limit=30)[0] == 30
+    assert cache.match(a[:3])[0] == 0   # less than one block in common
+    cache.add(a[:20] + [9] * 20, kv(40))
+    assert len(cache) == 2 and cache.match(a[:20] + [9] * 25)[0] == 40
+    cache.match(a)   # a is now the most recent
+    cache.add([1] * 40, kv(40))
+    assert len(cache) == 2 and cache.match(a)[0] == 40 and cache.match(a[:20] + [9] * 20)[0] == 20
+    cache.add(a + [5] * 4, kv(44)[:1])   # extends a: replaces it
+    assert len(cache) == 2 and cache.match(a + [5] * 4)[0] == 44
