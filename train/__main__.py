@@ -13,16 +13,88 @@ configuration is reported on one line with exit code 2.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
+import signal
 import sys
-from pathlib import Path
+import threading
+import time
+from types import FrameType
 
-import yaml
+INTERRUPT_GRACE = 15.0   # seconds the clean-up after a Ctrl-C may take before the run exits anyway
 
-from envs import registry
-from train.config import Config, ConfigError, load_config
+
+class Interrupt:
+    """Ctrl-C for the command line: one line, exit code 130, no traceback, no sandbox left.
+
+    The first SIGINT raises KeyboardInterrupt in the main thread, so ``finally`` blocks and the
+    trainer's ``close`` run; never inside a ``__del__``, where Python would print it and carry
+    on (it is raised a moment later instead). Logging below CRITICAL stops: what threads racing
+    the shut-down report is noise by then. If the process still runs ``INTERRUPT_GRACE``
+    seconds later, or at a second SIGINT, the live pools' sandboxes are reaped and it exits.
+    """
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._said = threading.Lock()
+
+    def install(self) -> None:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # `nohup`, `&`: stays ignored
+            signal.signal(signal.SIGINT, self.handler)
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.raised:
+            threading.Thread(target=self.exit_now, daemon=True).start()
+            return
+        import asyncio
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        f = frame
+        while loop is None and f is not None:
+            if f.f_code.co_name == "__del__":
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+                return
+            f = f.f_back
+        self.raised = True
+        import logging
+        logging.disable(logging.ERROR)
+        threading.Thread(target=self.exit_now, args=(INTERRUPT_GRACE,), daemon=True).start()
+        if loop is None:
+            raise KeyboardInterrupt
+        # In an event loop a KeyboardInterrupt would surface again from every task awaiting the
+        # one it hit; cancel the tasks instead (as asyncio.run does on Ctrl-C): `finally` blocks run.
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.call_soon_threadsafe(lambda: None)   # wake the loop up
+
+    def report(self) -> None:
+        """Say it once, whoever gets here first."""
+        if self._said.acquire(blocking=False):
+            print("interrupted", file=sys.stderr, flush=True)
+
+    def exit_now(self, after: float = 0.0) -> None:
+        time.sleep(after)
+        pool = sys.modules.get("envs.pool")
+        if pool is not None:
+            pool.reap_live_pools()
+        self.report()
+        os._exit(130)
+
+
+INTERRUPT = Interrupt()
+if __name__ == "__main__":   # before the slow imports below
+    INTERRUPT.install()
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+from envs import registry  # noqa: E402
+from train.config import Config, ConfigError, load_config  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
 
@@ -165,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:   # the latter: an interrupted event loop
+        if isinstance(e, asyncio.CancelledError) and not INTERRUPT.raised:
+            raise
+        INTERRUPT.report()
         return 130
 
 
