@@ -26,15 +26,19 @@ INTERRUPT_GRACE = 15.0   # seconds the clean-up after a Ctrl-C may take before t
 class Interrupt:
     """Ctrl-C for the command line: one line, exit code 130, no traceback, no sandbox left.
 
-    The first SIGINT raises KeyboardInterrupt in the main thread, so ``finally`` blocks and the
-    trainer's ``close`` run; never inside a ``__del__``, where Python would print it and carry
-    on (it is raised a moment later instead). Logging below CRITICAL stops: what threads racing
-    the shut-down report is noise by then. If the process still runs ``INTERRUPT_GRACE``
-    seconds later, or at a second SIGINT, the live pools' sandboxes are reaped and it exits.
+    The first SIGINT unwinds the main thread, so ``finally`` blocks and the trainer's ``close``
+    run: in a running event loop it cancels the loop's tasks (as ``asyncio.run`` does; a
+    KeyboardInterrupt there resurfaces from every task awaiting the one it hit), elsewhere it
+    raises KeyboardInterrupt, but never inside a ``__del__``, where Python would print it and
+    carry on (it comes a moment later instead). Logging below CRITICAL stops: what threads
+    racing the shut-down report is noise by then. If the process still runs
+    ``INTERRUPT_GRACE`` seconds later, or at a second SIGINT, the live pools' sandboxes are
+    reaped and it exits at once.
     """
 
     def __init__(self) -> None:
         self.raised = False
+        self.catching = False   # main() is ready to catch it; before, there is nothing to clean up
         self._said = threading.Lock()
 
     def install(self) -> None:
@@ -42,13 +46,15 @@ class Interrupt:
             signal.signal(signal.SIGINT, self.handler)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
+        if not self.catching:   # still importing
+            self.exit_now()
         if self.raised:
             threading.Thread(target=self.exit_now, daemon=True).start()
             return
-        import asyncio
+        asyncio = sys.modules.get("asyncio")   # no import here: the main thread may be importing it
         try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+            loop = asyncio.get_running_loop() if asyncio is not None else None
+        except (RuntimeError, AttributeError):
             loop = None
         f = frame
         while loop is None and f is not None:
@@ -57,13 +63,12 @@ class Interrupt:
                 return
             f = f.f_back
         self.raised = True
-        import logging
-        logging.disable(logging.ERROR)
+        logging = sys.modules.get("logging")
+        if hasattr(logging, "disable"):
+            logging.disable(logging.ERROR)
         threading.Thread(target=self.exit_now, args=(INTERRUPT_GRACE,), daemon=True).start()
         if loop is None:
             raise KeyboardInterrupt
-        # In an event loop a KeyboardInterrupt would surface again from every task awaiting the
-        # one it hit; cancel the tasks instead (as asyncio.run does on Ctrl-C): `finally` blocks run.
         for task in asyncio.all_tasks(loop):
             task.cancel()
         loop.call_soon_threadsafe(lambda: None)   # wake the loop up
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("NEXTSTATE_LOG", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        INTERRUPT.catching = True
         cfg, demo = build_config(args)
         if args.backend == "verl":
             from train.verl_backend.launch import launch
