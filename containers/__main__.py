@@ -8,6 +8,7 @@ import time
 
 from . import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect
 from .build import build_all, known_images
+from .disks import reap_disks
 from .reap import owner_alive, project_containers, reap
 
 
@@ -50,8 +51,9 @@ def cmd_build_swe(args: argparse.Namespace) -> int:
 
 def cmd_reap(args: argparse.Namespace) -> int:
     """Removes leftover containers and prints how many."""
-    count = reap(connect(args.host), all_hosts=args.all_hosts, run_id=args.run_id)
-    print(f"removed {count} container{'s' * (count != 1)}")
+    count = reap(connect(args.host), all_hosts=args.all_hosts, run_id=args.run_id, disks=False)
+    disks = reap_disks(all_hosts=args.all_hosts, run_id=args.run_id)
+    print(f"removed {count} container{'s' * (count != 1)}" + (f" and {disks} disk{'s' * (disks != 1)}" if disks else ""))
     return 0
 
 

@@ -62,6 +62,7 @@ def reap(
     *,
     all_hosts: bool = False,
     run_id: str | None = None,
+    disks: bool = True,
 ) -> int:
     """Force-remove leftover project containers; return how many were removed.
 
@@ -69,6 +70,8 @@ def reap(
     container of that run on this host, whatever its owner's state.
     `all_hosts` widens either choice to containers owned by other hosts
     (whose owners cannot be checked, so all of them match the liveness test).
+    With `disks`, the same choice of their loop-mounted disks (:mod:`containers.disks`)
+    goes too, after the containers that used them.
     """
     client = client or connect()
     removed = 0
@@ -84,4 +87,7 @@ def reap(
                 continue
             raise
         removed += 1
+    if disks:
+        from .disks import reap_disks
+        reap_disks(all_hosts=all_hosts, run_id=run_id)
     return removed

@@ -11,9 +11,9 @@ leak into the next. A monitor thread replaces sandboxes that die while idle
 Every container carries the project's labels (run id, owner pid, host), so the
 leftovers of a run that died, even by SIGKILL, are removed by
 ``python -m containers reap``, which the pool also runs when it starts.
-The pool closes everything on ``close()``, at interpreter exit, and on SIGINT
-and SIGTERM. Several Docker engines can back one pool (``hosts=[...]``): new
-sandboxes go to the engine with the fewest.
+The pool closes everything on ``close()``, at interpreter exit (a Ctrl-C's
+KeyboardInterrupt included), and on SIGTERM. Several Docker engines can back one
+pool (``hosts=[...]``): new sandboxes go to the engine with the fewest.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import collections
 import logging
+import os
 import signal
 import threading
 import time
@@ -449,8 +450,32 @@ def _close_all_pools() -> None:
             log.error("closing pool %s: %s", pool.run_id, e)
 
 
+def reap_live_pools() -> None:
+    """Remove every live pool's sandboxes (and their disks) straight from the engines, taking no
+    pool's lock: for a process about to exit at once (the pools are unusable afterwards)."""
+    import containers
+    pools = list(_LIVE_POOLS)
+    for pool in pools:
+        pool._closed = True   # no new sandboxes (a plain flag: the lock may be held for good)
+    deadline = time.monotonic() + 5.0   # let the starts under way finish, then remove them too
+    while any(pool._starting for pool in pools) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pool in pools:
+        for client in pool._clients:
+            try:
+                containers.reap(client, run_id=pool.run_id)
+            except Exception as e:  # never mask the exit
+                log.error("reaping pool %s: %s", pool.run_id, e)
+
+
 def _install_exit_handlers() -> None:
-    """Close every live pool at exit and on SIGINT/SIGTERM (then defer to the old handler)."""
+    """Close every live pool at exit and on SIGTERM (then defer to the old handler).
+
+    SIGINT needs no handler: its KeyboardInterrupt unwinds to the exit, where the atexit hook
+    closes the pools (and a program that catches it to carry on keeps them). The SIGTERM
+    handler closes the pools in a thread of its own: the interrupted frame may hold a lock
+    that closing needs. A signal the process ignores (``nohup``, ``&``) stays ignored.
+    """
     global _handlers_installed
     if _handlers_installed:
         return
@@ -458,18 +483,23 @@ def _install_exit_handlers() -> None:
     atexit.register(_close_all_pools)
     if threading.current_thread() is not threading.main_thread():
         return
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(sig)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):
+        return
 
-        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
-            _close_all_pools()
-            if callable(previous):
-                previous(signum, frame)
-            elif previous == signal.SIG_DFL:
-                signal.signal(signum, signal.SIG_DFL)
-                signal.raise_signal(signum)
+    def closing(signum: int) -> None:
+        _close_all_pools()
+        if previous == signal.SIG_DFL:   # then die of the signal, as without this handler
+            os.kill(os.getpid(), signum)
 
-        signal.signal(sig, handler)
+    def handler(signum: int, frame: Any) -> None:
+        if previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)   # a second SIGTERM ends the process at once
+        threading.Thread(target=closing, args=(signum,), name="pool-closer").start()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 class EnvCache:

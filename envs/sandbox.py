@@ -39,12 +39,16 @@ run as root) a timeout kills the command without starting a process inside
 the container, so it holds under a fork bomb that exhausted the pid limit; a
 restarted shell takes every other process in the container with it.
 ``disk`` is the engine's per-container storage quota where its storage driver
-supports one (overlay2 on XFS with project quotas); elsewhere (overlay2 on
-ext4) a watchdog measures the container's writable layer while commands run
-(and at most every ``disk_check_every`` seconds between them) and, past the
-limit, kills the writers and reports ``ENOSPC`` in the result: a write can run
-past the limit by what it writes in one check interval (0.2 s; into the page cache that
-can be a few hundred MB).
+supports one (overlay2 on XFS with project quotas). Elsewhere (overlay2 on ext4),
+on a local engine run as root, the container's writable layer goes on a
+loop-mounted ext4 disk of the limit's size (:mod:`containers.disks`): past it,
+every write fails with ``ENOSPC`` as on a full disk, and the result says the
+limit is used up. Where neither is possible (no loop devices, not root, a
+remote engine) a watchdog measures the writable layer while commands run (and
+at most every ``disk_check_every`` seconds between them) and, past the limit,
+kills the writers and reports ``ENOSPC`` in the result: a write can run past
+the limit by what it writes in one check interval (0.2 s; into the page cache
+that can be a few hundred MB).
 """
 
 from __future__ import annotations
@@ -301,6 +305,10 @@ class Sandbox(ABC):
         """Bytes written to the sandbox's disk, when a watchdog must measure them; else None."""
         return None
 
+    def _disk_full(self) -> bool:
+        """Whether a disk whose limit the kernel enforces is full (writers got ENOSPC)."""
+        return False
+
     @abstractmethod
     def _shell_exit_code(self) -> int | None:
         """The shell's exit status if it ended while the sandbox lives on, else None."""
@@ -449,6 +457,9 @@ class Sandbox(ABC):
                        f"({_mib(disk_full)} written); the processes writing were killed. "
                        "Delete files to free space.]\n")
             rc = 28 if rc is None or rc == 0 else rc   # 28: ENOSPC
+        elif limit is not None and self._disk_full():
+            stderr += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(parse_size(self.spec.disk))} is used "
+                       "up: writes fail with 'No space left on device'. Delete files to free space.]\n")
         if rc_exit is not None:
             rc = rc_exit
             stderr += "[the shell exited; a new one was started: cwd and environment were reset]\n"
@@ -619,15 +630,20 @@ class DockerSandbox(Sandbox):
 
     backend = "docker"
     _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
+    _loop_support: "dict[str, bool]" = {}    # engine URL -> whether its containers get loop disks
 
     def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str]):
         super().__init__(spec)
         self.client = client
+        self._disk: Any = None   # a containers.disks.LoopDisk
         self.container = self._create(spec, client, labels)
         try:
+            self._attach_disk(labels)
             self.container.start()
-        except Exception as e:
+        except BaseException as e:
             self._dispose()
+            if not isinstance(e, Exception):
+                raise
             if "unable to find user" in str(e) or "no matching entries in passwd" in str(e):
                 raise SandboxConfigError(
                     f"image {spec.image} has no user {spec.user!r}: set `user` in the task file or "
@@ -673,6 +689,28 @@ class DockerSandbox(Sandbox):
                 self._disk_limit = None   # the engine enforces it: real ENOSPC, nothing to watch
                 return container
         return client.containers.create(spec.image, spec.command, **kw)
+
+    def _attach_disk(self, labels: dict[str, str]) -> None:
+        """Without an engine quota, put the writable layer on a loop-mounted disk of the limit's
+        size (:mod:`containers.disks`); where this host can't, warn once and keep the watchdog."""
+        from containers.disks import DiskUnavailable, attach
+
+        engine = str(self.client.api.base_url)
+        if self._disk_limit is None or not self._loop_support.get(engine, True):
+            return
+        try:
+            self._disk = attach(self.container.id, self.container.attrs.get("GraphDriver") or {},
+                                self._disk_limit, labels)
+        except DiskUnavailable as e:
+            if self._loop_support.get(engine):   # worked before: this one failed (out of loop devices?)
+                log.warning("sandbox %s: no disk of its own (%s); a watchdog keeps its disk limit", self.id, e)
+            else:   # this host can't: say so once
+                log.warning("sandbox disk limits on %s are kept by a watchdog, which a fast write can "
+                            "overshoot: %s", engine, e)
+                self._loop_support[engine] = False
+            return
+        self._loop_support[engine] = True
+        self._disk_limit = None   # the kernel enforces it: real ENOSPC, nothing to watch
 
     @property
     def address(self) -> str | None:
@@ -781,6 +819,12 @@ class DockerSandbox(Sandbox):
         except Exception as e:
             log.warning("could not kill processes in %s: %s", self.id, e)
 
+    def _disk_full(self) -> bool:
+        try:
+            return self._disk is not None and self._disk.free() < 2 ** 20
+        except OSError:   # unmounted by someone else: the next command will say so
+            return False
+
     def _disk_used(self) -> int | None:
         try:
             listed = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
@@ -817,6 +861,9 @@ class DockerSandbox(Sandbox):
             self.container.remove(force=True)
         except Exception as e:  # already gone, or the engine went away
             log.debug("removing %s: %s", self.id, e)
+        if self._disk is not None and not self._disk.release():
+            log.warning("the disk of sandbox %s is still in use; `python -m containers reap` "
+                        "removes it once its container is gone", self.id)
 
 
 class LocalSandbox(Sandbox):

@@ -193,3 +193,51 @@ def test_a_model_the_server_does_not_list_is_refused(tmp_path, capsys):
         assert main(["--env", "terminal", "--policy", server.url, "--model", "typo",
                      "--output", str(tmp_path)]) == 2
     assert "does not serve model 'typo' (it serves: served); set --model" in capsys.readouterr().err
+
+
+# -- Ctrl-C during start-up --------------------------------------------------------------------
+@pytest.mark.docker
+@pytest.mark.parametrize("when", ["importing", "sandboxes started"])
+def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path, terminal_image, docker_client, when):
+    """SIGINT while the run imports, and once its first sandbox exists (pool filling, model
+    loading, first rollout): exit 130, one closing line, no traceback, no labeled container or
+    disk left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import containers
+    from containers import disks
+
+    cmd = [sys.executable, "-m", "train", "--env", "terminal", "--model", "tiny", "--parallel", "2", "--steps", "1",
+           "--output", str(tmp_path / "run"), "rollout.tasks_per_step=1", "rollout.samples_per_task=2",
+           "sft.steps=0", "eval.tasks=null"]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+    def mine() -> list[str]:
+        return [c["Id"] for c in containers.project_containers(docker_client)
+                if (c.get("Labels") or {}).get(containers.PID_LABEL) == str(proc.pid)]
+
+    def my_disks() -> list[Path]:
+        return [f for f in disks.DISK_ROOT.glob("*/owner.json")
+                if f'"{containers.PID_LABEL}": "{proc.pid}"' in f.read_text()]
+
+    try:
+        if when == "importing":
+            time.sleep(1.0)
+        else:
+            deadline = time.monotonic() + 180
+            while not mine() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert mine(), "no sandbox started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert err.rstrip().splitlines()[-1].endswith("interrupted") and err.count("interrupted") == 1, err[-2000:]
+    assert mine() == [] and my_disks() == []

@@ -13,16 +13,93 @@ configuration is reported on one line with exit code 2.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
+import signal
 import sys
-from pathlib import Path
+import threading
+import time
+from types import FrameType
 
-import yaml
+INTERRUPT_GRACE = 15.0   # seconds the clean-up after a Ctrl-C may take before the run exits anyway
 
-from envs import registry
-from train.config import Config, ConfigError, load_config
+
+class Interrupt:
+    """Ctrl-C for the command line: one line, exit code 130, no traceback, no sandbox left.
+
+    The first SIGINT unwinds the main thread, so ``finally`` blocks and the trainer's ``close``
+    run: in a running event loop it cancels the loop's tasks (as ``asyncio.run`` does; a
+    KeyboardInterrupt there resurfaces from every task awaiting the one it hit), elsewhere it
+    raises KeyboardInterrupt, but never inside a ``__del__``, where Python would print it and
+    carry on (it comes a moment later instead). Logging below CRITICAL stops: what threads
+    racing the shut-down report is noise by then. If the process still runs
+    ``INTERRUPT_GRACE`` seconds later, or at a second SIGINT, the live pools' sandboxes are
+    reaped and it exits at once.
+    """
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.catching = False   # main() is ready to catch it; before, there is nothing to clean up
+        self._said = threading.Lock()
+
+    def install(self) -> None:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # `nohup`, `&`: stays ignored
+            signal.signal(signal.SIGINT, self.handler)
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        if not self.catching:   # still importing
+            self.exit_now()
+        if self.raised:
+            threading.Thread(target=self.exit_now, daemon=True).start()
+            return
+        asyncio = sys.modules.get("asyncio")   # no import here: the main thread may be importing it
+        try:
+            loop = asyncio.get_running_loop() if asyncio is not None else None
+        except (RuntimeError, AttributeError):
+            loop = None
+        f = frame
+        while loop is None and f is not None:
+            if f.f_code.co_name == "__del__":
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+                return
+            f = f.f_back
+        self.raised = True
+        logging = sys.modules.get("logging")
+        if hasattr(logging, "disable"):
+            logging.disable(logging.ERROR)
+        threading.Thread(target=self.exit_now, args=(INTERRUPT_GRACE,), daemon=True).start()
+        if loop is None:
+            raise KeyboardInterrupt
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.call_soon_threadsafe(lambda: None)   # wake the loop up
+
+    def report(self) -> None:
+        """Say it once, whoever gets here first."""
+        if self._said.acquire(blocking=False):
+            print("interrupted", file=sys.stderr, flush=True)
+
+    def exit_now(self, after: float = 0.0) -> None:
+        time.sleep(after)
+        pool = sys.modules.get("envs.pool")
+        if pool is not None:
+            pool.reap_live_pools()
+        self.report()
+        os._exit(130)
+
+
+INTERRUPT = Interrupt()
+if __name__ == "__main__":   # before the slow imports below
+    INTERRUPT.install()
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import yaml  # noqa: E402
+
+from envs import registry  # noqa: E402
+from train.config import Config, ConfigError, load_config  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
 
@@ -154,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("NEXTSTATE_LOG", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        INTERRUPT.catching = True
         cfg, demo = build_config(args)
         if args.backend == "verl":
             from train.verl_backend.launch import launch
@@ -165,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:   # the latter: an interrupted event loop
+        if isinstance(e, asyncio.CancelledError) and not INTERRUPT.raised:
+            raise
+        INTERRUPT.report()
         return 130
 
 

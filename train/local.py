@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,11 +55,13 @@ def tasks_for_step(n_tasks: int, step: int, per_step: int, seed: int) -> list[in
 
 async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollout,
                           train: Callable[[int, list[Trajectory]], dict[str, Any]],
-                          after: Callable[[int, dict[str, Any]], None]) -> None:
+                          after: Callable[[int, dict[str, Any]], None],
+                          stopping: threading.Event | None = None) -> None:
     """Steps ``start..total-1``: roll out, then train while the next ``staleness`` rollouts run.
 
     ``train`` runs in its own thread; ``after(step, metrics)`` runs in the
-    event loop's thread once the step is trained.
+    event loop's thread once the step is trained. ``stopping`` is set when the loop
+    ends early (an error, a Ctrl-C), before it waits for a step still training.
     """
     loop = asyncio.get_running_loop()
     pending: dict[int, asyncio.Task] = {}
@@ -70,6 +73,7 @@ async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollo
             pending[step] = asyncio.ensure_future(rollout(step))
 
     trainer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner")
+    step_done = start
     try:
         launch(start)
         for step in range(start, total):
@@ -83,11 +87,15 @@ async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollo
             if staleness == 0:
                 launch(step + 1)
             after(step, metrics)
+            step_done = step + 1
     finally:
+        if stopping is not None and step_done < total:
+            stopping.set()
         for task in pending.values():
             task.cancel()
         await asyncio.gather(*pending.values(), return_exceptions=True)
-        trainer.shutdown(wait=True)
+        # wait for a step still training without blocking the loop: its evaluation runs there
+        await loop.run_in_executor(None, trainer.shutdown)
 
 
 class LocalTrainer:
@@ -138,6 +146,7 @@ class LocalTrainer:
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
         self.eval_tasks = load_tasks(cfg, cfg.eval.tasks) if cfg.eval.tasks else []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()   # the run ends early: no evaluation after the step in training
 
     # -- one step ------------------------------------------------------------------
     async def rollout(self, step: int) -> list[Trajectory]:
@@ -182,7 +191,8 @@ class LocalTrainer:
         metrics = dict(batch.metrics)
         metrics.update(self.learner.step(batch, progress=self.progress))
         self.learner.publish()
-        if self.eval_due(step + 1) and self._loop is not None:   # runs on the event loop, with the new weights
+        if self.eval_due(step + 1) and self._loop is not None and not self._stopping.is_set():
+            # runs on the event loop, with the new weights
             t0 = time.monotonic()
             metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(), self._loop).result())
             metrics["time/eval_s"] = time.monotonic() - t0
@@ -233,7 +243,7 @@ class LocalTrainer:
             self.metrics.log(0, {**await self.evaluate(), "time/eval_s": time.monotonic() - t0})
             self._last_done = time.monotonic()
         await overlapped_loop(self.start, total, self.cfg.train.max_staleness, self.rollout, self.train,
-                              self.after)
+                              self.after, self._stopping)
 
     def close(self) -> None:
         """Release sandboxes, threads and log files."""
