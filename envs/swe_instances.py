@@ -131,7 +131,9 @@ def checkout_command(instance: dict[str, Any]) -> str:
     clone = ""
     if is_offline(instance):
         source = f"{OFFLINE_REPOS}/{instance['repo'].replace('/', '__')}.git"
-        clone = f"{{ test -d {TESTBED}/.git || git clone -q {shlex.quote(source)} {TESTBED}; }} && "
+        # --no-hardlinks: the sandbox's writable layer may sit on its own disk (the disk limit),
+        # where overlayfs can't keep a copied-up file's inode, and git rejects the hardlinks
+        clone = f"{{ test -d {TESTBED}/.git || git clone -q --no-hardlinks {shlex.quote(source)} {TESTBED}; }} && "
     return (f"{clone}cd {TESTBED} && {{ [ \"$(git rev-parse HEAD)\" = {base} ] || "
             f"git -c advice.detachedHead=false checkout -q {base}; }}")
 
