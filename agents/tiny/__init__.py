@@ -33,6 +33,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>"]
+BUILT_IN_FAMILIES = ("terminal", "toolcall", "swe", "gui")
 MERGES = 1024  # learned BPE merges on top of the 256 bytes
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(TOOL_TAGS) + MERGES
 
@@ -55,10 +56,10 @@ def _corpus() -> list[str]:
     model (system prompts and tool lines of every family, judge templates, task instructions,
     shell commands and their results). Deterministic: built from the repository's own files."""
     from agents.chat import TOOL_FORMAT, system_prompt
-    from envs import env_class, procedural, registry
+    from envs import env_class, procedural
 
     texts = [TOOL_FORMAT, "Available tools (name and argument names), one per line:"]
-    for family in registry.names():
+    for family in BUILT_IN_FAMILIES:   # not registry.names(): users and tests register more
         tools = getattr(env_class(family), "tools", [])
         texts.append(system_prompt(family, tools))
         for tool in tools:
