@@ -187,7 +187,7 @@ def test_swebench_test_spec_of_a_django_row():
     assert "SWEBENCH_TEST_EXIT_CODE=$?" in spec.eval_script  # swebench records the test exit code
     assert sandbox_user(DJANGO_ROW) == "root"
     assert "git clone" not in checkout_command(DJANGO_ROW)  # the image already has /testbed
-    assert "git clone -q /opt/nextstate/swe/nextstate__datekit.git" in checkout_command(load_instances()[0])
+    assert "git clone -q --no-hardlinks /opt/nextstate/swe/nextstate__datekit.git" in checkout_command(load_instances()[0])
     assert log_report(spec, "x", django_log("ok"))["resolved"] is True
     failed = log_report(spec, "x", django_log("FAIL"))
     assert failed["resolved"] is False
