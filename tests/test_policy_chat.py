@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, system_prompt
+from agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, prompt_head, system_prompt
 from agents.hf_policy import HFPolicy
 from agents.policy import Generation, Policy
 from envs.base import Observation
@@ -28,6 +28,18 @@ def test_system_prompt_family_role_and_tools():
     assert '"name": "bash"' in text and "<tool_call>" in text
     assert '"name": "bash"' not in system_prompt("swe", TOOLS)
     assert "code repository" in system_prompt("swe", TOOLS)
+
+
+def test_without_a_system_prompt_the_prompt_is_the_task_and_history():
+    policy = CharPolicy()
+    policy.renders_tools = True
+    on, off = ChatConfig(), ChatConfig(system_prompt=False)
+    system, tools = prompt_head("terminal", TOOLS, policy, on)
+    assert "Linux terminal" in system and tools == TOOLS
+    assert prompt_head("terminal", TOOLS, policy, off) == (None, None)
+    msgs = build_messages(None, "TASK", [Turn("<tool_call>x</tool_call>", "out")], policy=policy, tools=None,
+                          config=off)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool"] and msgs[0]["content"] == "TASK"
 
 
 def test_observation_with_images_becomes_parts():
