@@ -24,7 +24,6 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from agents.chat import ChatConfig
 from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from train import checkpoint
@@ -32,7 +31,7 @@ from train.batch import build_batch
 from train.config import Config, ConfigError
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import collect, load_tasks, make_envs, make_judge, single_role
+from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, single_role
 
 log = logging.getLogger(__name__)
 
@@ -153,22 +152,19 @@ class LocalTrainer:
         """The episodes of 0-based ``step``: its tasks, ``samples_per_task`` times each."""
         r = self.cfg.rollout
         chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
-        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
-                          max_images=r.max_images, system_prompt=r.system_prompt)
         return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
-                             router=single_role(self.cfg.train.role), chat=chat, recorder=self.recorder,
+                             router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
+                             recorder=self.recorder,
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
 
     async def evaluate(self) -> dict[str, float]:
         """Success of the serving model on the held-out tasks (no judge, no training)."""
         r, e = self.cfg.rollout, self.cfg.eval
-        chat = ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
-                          max_images=r.max_images, system_prompt=r.system_prompt)
         trajs = await collect(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks,
                               n_samples=e.samples_per_task, parallel=r.parallel,
-                              router=single_role(self.cfg.train.role), chat=chat,
+                              router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
                               sampling={"temperature": e.temperature, "top_p": r.top_p},
                               batch_tag="eval", progress=False)
         done = [t for t in trajs if t.status != "aborted"]

@@ -276,6 +276,13 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
         executor.shutdown(wait=False)
 
 
+def chat_config(cfg: Config) -> ChatConfig:
+    """The prompt budget and shape ``cfg.rollout`` sets, for rollouts, evaluation and warm starts."""
+    r = cfg.rollout
+    return ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
+                      max_images=r.max_images, system_prompt=r.system_prompt)
+
+
 def env_kwargs(cfg: Config) -> dict[str, Any]:
     """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
     return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}

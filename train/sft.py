@@ -242,6 +242,8 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
 def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
     """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
     made with the same settings)."""
+    from train.rollout import chat_config
+
     recipe = {"model": cfg.model.name, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
               "batch_size": cfg.sft.batch_size, "seed": cfg.run.seed, "max_steps": cfg.env.max_steps,
               "context": cfg.rollout.max_context_tokens, "response": cfg.rollout.max_response_tokens,
@@ -253,9 +255,7 @@ def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
     summary = run(env=cfg.env.family, model=cfg.model.name, output=output, tasks=cfg.sft.tasks,
                   steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
                   parallel=cfg.rollout.parallel, max_steps=cfg.env.max_steps, source=cfg.sft.source,
-                  chat=ChatConfig(context_tokens=cfg.rollout.max_context_tokens,
-                                  max_response_tokens=cfg.rollout.max_response_tokens,
-                                  system_prompt=cfg.rollout.system_prompt), progress=progress)
+                  chat=chat_config(cfg), progress=progress)
     done.write_text(json.dumps({**summary, "recipe": key}, indent=1) + "\n")
     return output
 

@@ -57,6 +57,7 @@ def _corpus() -> list[str]:
     shell commands and their results). Deterministic: built from the repository's own files."""
     from agents.chat import TOOL_FORMAT, system_prompt
     from envs import env_class, procedural
+    from train.sft import action_text
 
     texts = [TOOL_FORMAT, "Available tools (name and argument names), one per line:"]
     for family in BUILT_IN_FAMILIES:   # not registry.names(): users and tests register more
@@ -78,17 +79,12 @@ def _corpus() -> list[str]:
     for seed in range(64):  # the CPU demo's tasks, as often as a short run shows them
         task = procedural.instance(seed)
         texts += [task.instruction, task.data["value"] + "\n[exit code 0]"]
-        texts += [_call_text(a) for a in task.data["oracle"]]
+        texts += [action_text(a) for a in task.data["oracle"]]
     for code in (0, 1, 2, 126, 127):
         texts.append(f"[exit code {code}]")
     texts += ["Invalid action: The tool call is not valid JSON", "No such file or directory",
               "command not found", "Permission denied", "Result of the action: ok"]
     return texts
-
-
-def _call_text(action: dict) -> str:
-    return "<tool_call>" + json.dumps({"name": action["name"], "arguments": action.get("arguments", {})}) \
-        + "</tool_call>"
 
 
 def _tokenizer_json() -> str:
