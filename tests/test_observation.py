@@ -152,7 +152,7 @@ def desktop_pool(docker_client):
 @pytest.mark.browser
 async def test_gui_policy_sees_the_screen_and_judge_sees_before_and_after(desktop_pool, tmp_path):
     from envs.gui import GUIEnv
-    env = GUIEnv(pool=desktop_pool, settle=0.3, a11y_tree_max_chars=400)
+    env = GUIEnv(pool=desktop_pool, settle=0.3, a11y_tree_max_chars=300)
     task = env._by_id["signup-form"]
 
     def script(messages: list[dict]) -> str:
