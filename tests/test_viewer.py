@@ -240,7 +240,9 @@ def _has_playwright() -> bool:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(run):
+    """Chromium under Playwright's sync API, whose event loop runs in this thread from here
+    on: ``run`` (which needs ``asyncio.run``) is written first."""
     _browser_or_skip()
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
@@ -308,6 +310,8 @@ def test_page_gui_screenshots_load(page, server):
     page.select_option("select[data-f=task]", "desktop-save")
     page.locator("tr.episode-row").first.click()
     page.wait_for_selector("#steps .step img.after")
+    shots = "[...document.querySelectorAll('#steps .shots img')]"
+    page.wait_for_function(f"() => {shots}.length === 4 && {shots}.every(i => i.complete)", timeout=15_000)
     sizes = page.eval_on_selector_all("#steps .shots img", "imgs => imgs.map(i => i.complete && i.naturalWidth)")
     assert sizes == [320] * 4                   # before and after of two steps, all decoded
 
