@@ -184,8 +184,14 @@ class NextStateEnv(gymnasium.Env):
     def shared_pool(cls, tasks: list[Task], size: int, **kwargs: Any) -> SandboxPool | None:
         """A pool of ``size`` warm sandboxes for ``tasks``, or None when none would be used: leasing
         happens later, or no task runs in the family's image (a SWE-bench row names its own)."""
-        own = any(not isinstance(t.data, dict) or t.data.get("image", cls.image) == cls.image for t in tasks)
+        own = any(not cls.has_own_image(t) for t in tasks)
         return cls.make_pool(size, **kwargs) if cls.lease_at_reset and own else None
+
+    @classmethod
+    def has_own_image(cls, task: Task) -> bool:
+        """Whether ``task`` runs in an image of its own rather than the family's (its episodes
+        lease from a pool for that image, not from the shared one)."""
+        return isinstance(task.data, dict) and task.data.get("image", cls.image) != cls.image
 
     def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
                  max_steps: int | None = None, step_timeout: float = 30.0,

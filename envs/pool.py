@@ -39,6 +39,7 @@ from envs.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxConfigErr
 
 log = logging.getLogger(__name__)
 _LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
+_REAPED: set[str | None] = set()   # engines this process has reaped leftovers on
 
 
 class PoolTimeout(TimeoutError):
@@ -74,19 +75,22 @@ class SandboxPool:
         reset: ``"replace"`` (default; a fresh sandbox after every lease) or
             ``"reuse"`` (hand the same one out again; faster, leaks state).
         start_workers: sandboxes created at once while filling the pool.
+        warm: keep ``size`` sandboxes started ahead of leases (default). False: start one
+            only when a lease finds none ready, and keep none waiting after a release
+            (a pool for one task's image, which the next episode may not use).
     """
 
     def __init__(self, image: str | SandboxSpec = "nextstate/terminal:latest", size: int = 4, *,
                  backend: str = "auto", hosts: list[str] | None = None, reset: str = "replace",
                  start_workers: int = 8, run_id: str | None = None, build_missing: bool = True,
-                 **spec_overrides: Any):
+                 warm: bool = True, **spec_overrides: Any):
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
         if reset not in ("replace", "reuse"):
             raise ValueError(f"reset must be 'replace' or 'reuse', got {reset!r}")
         spec = image if isinstance(image, SandboxSpec) else SandboxSpec(image=image)
         self.spec = replace(spec, **spec_overrides)
-        self.size, self.reset = size, reset
+        self.size, self.reset, self.warm = size, reset, warm
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.backend = self._pick_backend(backend, hosts)
         self._lock = threading.Lock()
@@ -108,7 +112,7 @@ class SandboxPool:
                                            thread_name_prefix="sandbox-pool")
         _install_exit_handlers()
         _LIVE_POOLS.add(self)
-        for _ in range(size):
+        for _ in range(size if warm else 0):
             self._spawn()
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="sandbox-monitor")
         self._monitor.start()
@@ -133,9 +137,11 @@ class SandboxPool:
                 raise SandboxError(
                     f"Docker engine not reachable at {host or 'DOCKER_HOST/default socket'}: {e}. "
                     "Start dockerd, or use backend='local'.") from e
-            removed = containers.reap(client)
-            if removed:
-                log.info("removed %d leftover containers of dead runs on %s", removed, host or "default")
+            if host not in _REAPED:  # once per engine and process: a dead run's leftovers stay dead
+                _REAPED.add(host)
+                removed = containers.reap(client)
+                if removed:
+                    log.info("removed %d leftover containers of dead runs on %s", removed, host or "default")
             self._ensure_image(client, build_missing)
             self._clients.append(client)
 
@@ -270,6 +276,7 @@ class SandboxPool:
                 self._leased.add(sb)
                 return sb
             self._waiters.append(waiter)
+            self._start_on_demand()
         if not event.wait(timeout):
             with self._lock:
                 if not got:
@@ -313,10 +320,18 @@ class SandboxPool:
                 self._leased.add(sb)
                 return sb
             self._waiters.append(waiter)
+            self._start_on_demand()
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise PoolTimeout(self._timeout_message(timeout)) from None
+
+    def _start_on_demand(self) -> None:
+        """(Lock held.) A pool that is not kept warm starts a sandbox for a waiting lease,
+        while fewer than ``size`` are leased or starting."""
+        if not self.warm and not self._closed and len(self._leased) + self._starting < self.size:
+            self._starting += 1
+            self._workers.submit(self._start_one)
 
     def _timeout_message(self, timeout: float | None) -> str:
         msg = f"no sandbox became free within {timeout}s (pool size {self.size}, {len(self._leased)} leased)"
@@ -336,7 +351,12 @@ class SandboxPool:
             return
         if not self._submit(self._destroy, sb):
             self._destroy(sb)
-        self._spawn()
+        if self.warm:
+            self._spawn()
+        else:
+            with self._lock:
+                if self._waiters:
+                    self._start_on_demand()
 
     @contextmanager
     def leased(self, timeout: float | None = None) -> Iterator[Sandbox]:
@@ -371,13 +391,16 @@ class SandboxPool:
                         continue  # leased meanwhile; its holder will see the error
                 log.warning("sandbox %s died while idle; replacing it", sb.id)
                 self._destroy(sb)
-                self._spawn()
+                if self.warm:
+                    self._spawn()
 
     def _dead(self, idle: list[Sandbox]) -> list[Sandbox]:
         """The sandboxes of ``idle`` that are gone: one container listing per engine per sweep.
 
         An engine that cannot be listed right now marks none of its sandboxes dead.
         """
+        if not idle:
+            return []
         if self.backend == "local":
             return [sb for sb in idle if not sb.is_alive()]
         import containers
@@ -399,8 +422,11 @@ class SandboxPool:
                     "size": self.size}
 
     def wait_ready(self, timeout: float = 300.0) -> None:
-        """Block until all ``size`` sandboxes are warm (useful before timing)."""
+        """Block until all ``size`` sandboxes are warm (useful before timing); at once for a
+        pool not kept warm."""
         deadline = time.monotonic() + timeout
+        if not self.warm:
+            return
         while len(self._ready) + len(self._leased) < self.size:
             if time.monotonic() > deadline:
                 raise PoolTimeout(self._timeout_message(timeout))

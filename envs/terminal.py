@@ -517,6 +517,10 @@ class TerminalEnv(NextStateEnv):
                     f"({', '.join(others)}); multi-container tasks are not supported")
         return None
 
+    @classmethod
+    def has_own_image(cls, task: Task) -> bool:
+        return bool(task.data.get("build") or task.data.get("image_ref"))
+
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
         built = task_image(task)

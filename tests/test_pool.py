@@ -75,6 +75,28 @@ def test_killed_container_is_replaced_and_holder_gets_an_error(terminal_image, d
                 assert sb.run("echo ok").stdout == "ok\n"
 
 
+def test_a_pool_not_kept_warm_starts_sandboxes_on_demand_and_keeps_none(terminal_image, docker_client):
+    with SandboxPool(terminal_image, size=2, backend="docker", warm=False) as pool:
+        pool.wait_ready(1)   # returns at once: nothing to wait for
+        assert containers.project_containers(docker_client, pool.run_id) == []
+        a, b = pool.lease(timeout=120), pool.lease(timeout=120)
+        assert a.id != b.id and a.run("echo hi").stdout == "hi\n"
+        with ThreadPoolExecutor(1) as ex:   # a third lease waits for a release, then gets a fresh one
+            third = ex.submit(pool.lease, 120)
+            time.sleep(0.5)
+            assert not third.done()
+            pool.release(a)
+            c = third.result(timeout=120)
+        assert c.id not in (a.id, b.id)
+        pool.release(b)
+        pool.release(c)
+        deadline = time.monotonic() + 60    # released sandboxes go, and none is started in their place
+        while containers.project_containers(docker_client, pool.run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert containers.project_containers(docker_client, pool.run_id) == []
+        assert pool.stats() == {"ready": 0, "leased": 0, "starting": 0, "size": 2}
+
+
 def test_32_concurrent_leases_from_threads(terminal_image):
     with SandboxPool(terminal_image, size=8, backend="docker") as pool:
         def episode(i: int) -> str:

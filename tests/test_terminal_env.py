@@ -252,6 +252,37 @@ def test_embedded_task_and_dockerfile_task(tmp_path: Path, pool: SandboxPool) ->
 
 
 @pytest.mark.docker
+def test_make_envs_starts_no_shared_pool_for_tasks_with_their_own_images(tmp_path: Path) -> None:
+    """Warm sandboxes of the family image would sit idle next to tasks with Dockerfiles; each
+    such task's sandbox starts with its episode and is not replaced ahead of the next one."""
+    from train.config import load_config
+    from train.rollout import make_envs
+    img_dir = make_task(tmp_path, "nstest-marker", dockerfile=(
+        "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nRUN echo built > /app/marker\n"))
+    cfg = load_config("terminal", overrides=[f"env.tasks={img_dir}", "rollout.parallel=2"])
+    pool, factory, tasks = make_envs(cfg)
+    assert pool is None and [t.id for t in tasks] == ["nstest-marker"]
+    env = factory()
+    try:
+        env.reset(options={"task": "nstest-marker"})
+        assert env.step(call("bash", command="cat /app/marker"))[0] == "built\n[exit code 0]"
+        [private] = env._private.values()
+        assert not private.warm
+        env.step(FINISH)
+        env.reset(options={"task": "nstest-marker"})  # the same image again: a fresh sandbox on demand
+        assert private.stats()["leased"] == 1 and private.stats()["ready"] == 0
+    finally:
+        env.close()
+
+    cfg = load_config("terminal", overrides=["env.tasks=procedural:0:4", "rollout.parallel=2"])
+    pool, _, _ = make_envs(cfg)       # tasks in the family image: the shared warm pool
+    try:
+        assert pool is not None and pool.warm and pool.size == 2
+    finally:
+        pool.close()
+
+
+@pytest.mark.docker
 def test_sixteen_envs_share_a_pool_of_four(task_dir: Path, pool: SandboxPool) -> None:
     results: dict[int, float] = {}
     errors: list[BaseException] = []

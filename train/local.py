@@ -246,5 +246,6 @@ class LocalTrainer:
         self.metrics.close()
         self.recorder.close()
         self.advantages.close()
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
         asyncio.run(self.policy.aclose())

@@ -299,17 +299,24 @@ def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
 
 def make_envs(cfg: Config, pool_size: int | None = None,
               run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
-    """A shared sandbox pool (``pool_size``, default ``rollout.parallel``; ``run_id`` labels its
-    sandboxes), a factory of envs leasing from it, and the env's task list."""
+    """A shared pool of warm sandboxes (``pool_size``, default ``rollout.parallel``; ``run_id``
+    labels its sandboxes), a factory of envs leasing from it, and the env's task list.
+
+    The pool is None when every task runs in an image of its own (terminal-bench tasks with
+    a Dockerfile, SWE-bench rows). Such a task's episode starts its sandbox when it begins,
+    and none is started ahead for an image the env's next task may not use.
+    """
     cls = env_class(cfg.env.family)
-    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
-                         disk=cfg.env.sandbox_disk, run_id=run_id)
+    tasks = load_tasks(cfg)
+    pool = None if tasks and all(cls.has_own_image(t) for t in tasks) else \
+        cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+                      disk=cfg.env.sandbox_disk, run_id=run_id)
 
     def factory() -> Any:
         return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
-                   **env_kwargs(cfg))
+                   warm=False, run_id=run_id, **env_kwargs(cfg))
 
-    return pool, factory, load_tasks(cfg)
+    return pool, factory, tasks
 
 
 def make_judge(cfg: Config, policy: Any) -> Any:

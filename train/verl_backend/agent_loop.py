@@ -134,7 +134,8 @@ class EpisodeResources:
     def close(self) -> None:
         """Close the envs and the sandbox pool."""
         self.envs.close()
-        self.pool.close()
+        if self.pool is not None:
+            self.pool.close()
         self.recorder.close()
         self.executor.shutdown(wait=False)
 
