@@ -313,8 +313,8 @@ def make_envs(cfg: Config, pool_size: int | None = None,
                       disk=cfg.env.sandbox_disk, run_id=run_id)
 
     def factory() -> Any:
-        return cls(tasks=cfg.env.tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
-                   warm=False, run_id=run_id, **env_kwargs(cfg))
+        return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
+                   warm=False, run_id=run_id, **env_kwargs(cfg))   # tasks loaded once, not per env
 
     return pool, factory, tasks
 
