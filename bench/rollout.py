@@ -19,6 +19,15 @@ after another in one run.
   in the batcher's queue included), the batching seen (batches, mean requests
   per batch), and the prompt tokens
   prefilled vs reused from earlier sequences' KV caches (:class:`agents.batching.PrefixCache`);
+- per level, ``cpu``: how busy the machine's cores were (``busy``, 1.0 = every core all
+  the time) and the CPU seconds per sample spent in this process (the model, the judge,
+  the agent loop) and everywhere else (``rest``: dockerd, containerd, the sandboxes'
+  own processes, and whatever else shares the machine); ``cpu_ceiling_samples_per_s``:
+  the cores over the top level's CPU seconds per sample, the most this machine could
+  reach on this workload at any concurrency;
+- ``generation``: the model alone on the agent requests the top level made (same prompts,
+  prefix cache emptied first), sent one at a time and then all at once: requests/s and
+  ``speedup`` (what batched generation buys, without the environments);
 - ``load_avg``: the machine's 1-minute load average before and after (these
   machines are shared: read the figures with it).
 """
@@ -46,6 +55,40 @@ from train.config import load_config
 from train.rollout import make_envs, make_judge
 
 
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (Linux ``/proc/stat``), else None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
+
+
+def cpu_figures(machine: float | None, own: float, wall: float, samples: int) -> dict[str, Any]:
+    """How busy the cores were and where the CPU went, per sample."""
+    per = max(1, samples)
+    if machine is None:
+        return {"this_process_s_per_sample": round(own / per, 4)}
+    return {"busy": round(machine / (wall * (os.cpu_count() or 1)), 2),
+            "s_per_sample": {"this_process": round(own / per, 4),
+                             "rest": round(max(0.0, machine - own) / per, 4)}}
+
+
+async def replay(policy: HFPolicy, requests: list[tuple], concurrency: int) -> float:
+    """Requests per second of the model alone on ``requests``, ``concurrency`` at a time."""
+    policy.prefixes.clear()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(messages: list[dict], tools: Any, sampling: dict[str, Any]) -> None:
+        async with gate:
+            await policy.generate(messages, tools, **sampling)
+
+    start = time.monotonic()
+    await asyncio.gather(*(one(*r) for r in requests))
+    return len(requests) / (time.monotonic() - start)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -60,25 +103,40 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     role = cfg.train.role
     chat = ChatConfig(context_tokens=cfg.rollout.max_context_tokens, max_response_tokens=args.max_new_tokens)
     load_before = os.getloadavg()[0]
+    recorded: list[tuple] = []
+    generate = policy.generate
+
+    async def recording(messages: list[dict], tools: Any = None, **sampling: Any) -> Any:
+        if record:
+            recorded.append((messages, tools, sampling))
+        return await generate(messages, tools, **sampling)
+
+    policy.generate = recording  # type: ignore[method-assign]
+    record = False
     pool, factory, tasks = make_envs(cfg, pool_size=levels[-1])
     per_level: dict[str, dict[str, Any]] = {}
     try:
         for level in levels:
-            settle(pool)   # every level starts from a warm pool, the previous level's containers gone
+            if pool is not None:  # every level starts from a warm pool, the previous level's containers gone
+                settle(pool)
             chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
             batches, items = policy.batcher.batches, policy.batcher.items
             prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
+            record = level == levels[-1]
+            machine0, own0 = busy_cpu_s(), time.process_time()
             start = time.monotonic()
             trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
                                   router=single_role(role), chat=chat, progress=False,
                                   sampling={"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p})
             wall = time.monotonic() - start
+            machine1, own = busy_cpu_s(), time.process_time() - own0
             steps = [s for t in trajs for s in t.steps]
+            samples = sum(trainable(s, role) for s in steps)
             errors = [s.judge_error for s in steps if s.judge_error]
             n_batches = policy.batcher.batches - batches
             per_level[str(level)] = {
                 "episodes": len(trajs), "aborted": sum(t.status == "aborted" for t in trajs),
-                "samples": sum(trainable(s, role) for s in steps), "wall_s": round(wall, 2),
+                "samples": samples, "wall_s": round(wall, 2),
                 "judge_calls": sum(bool(s.votes) or s.judge_error is not None for s in steps),
                 "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
                 "batches": n_batches,
@@ -87,16 +145,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                            for k in ("generate", "env", "judge") if any(k in s.timing for s in steps)},
                 "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
                 "reused_tokens": policy.prefixes.reused_tokens - reused,
+                "cpu": cpu_figures(None if machine0 is None or machine1 is None else machine1 - machine0,
+                                   own, wall, samples),
             }
+        if pool is not None:
+            pool.close()
+        record, alone = False, recorded[:args.replay]
+        one_at_a_time = await replay(policy, alone[:max(1, len(alone) // 8)], 1)
+        all_at_once = await replay(policy, alone, levels[-1])
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
         await policy.aclose()
     rate = {k: round(v["samples"] / v["wall_s"], 3) for k, v in per_level.items()}
     top, bottom = str(levels[-1]), str(levels[0])
+    top_cpu = per_level[top]["cpu"].get("s_per_sample")
     return {
         "samples_per_s": rate,
         f"speedup_{top}": round(rate[top] / rate[bottom], 2) if rate[bottom] else None,
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
+        "cpu_ceiling_samples_per_s": round((os.cpu_count() or 1) / sum(top_cpu.values()), 2) if top_cpu else None,
+        "generation": {"requests": len(alone), "requests_per_s": {"1": round(one_at_a_time, 2),
+                                                                  top: round(all_at_once, 2)},
+                       "speedup": round(all_at_once / one_at_a_time, 2)},
         "levels": per_level,
         "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
         "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
@@ -114,6 +185,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per agent generation")
     ap.add_argument("--judge-tokens", type=int, default=32, help="tokens per judge answer")
     ap.add_argument("--votes", type=int, default=1, help="judge votes per step (one request, n=m)")
+    ap.add_argument("--replay", type=int, default=256,
+                    help="agent requests of the top level replayed to the model alone (an eighth of them one at a time)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
     ap.add_argument("--json", action="store_true", help="print one JSON object")

@@ -10,7 +10,7 @@ leak into the next. A monitor thread replaces sandboxes that die while idle
 
 Every container carries the project's labels (run id, owner pid, host), so the
 leftovers of a run that died, even by SIGKILL, are removed by
-``python -m containers reap``, which the pool also runs when it starts.
+``python -m containers reap``, which the first pool a process starts on an engine also runs.
 The pool closes everything on ``close()``, at interpreter exit (a Ctrl-C's
 KeyboardInterrupt included), and on SIGTERM. Several Docker engines can back one
 pool (``hosts=[...]``): new sandboxes go to the engine with the fewest.
