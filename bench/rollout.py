@@ -7,8 +7,9 @@ Docker sandbox pool, wired as ``python -m train`` wires them
 local model (``--model``, default ``tiny``) acts on CPU, and the same local
 policy judges every step (``judge.mode=policy``, the default judge timeout).
 Each level runs ``max(level, --min-episodes)`` episodes of at most
-``--max-steps`` steps with short generations, from one warm pool, one level
-after another in one run.
+``--max-steps`` steps with short generations, one level after another in one
+run. Tasks in the family image lease from one warm pool; the shipped tasks
+have images of their own, and each episode starts its sandbox (as in training).
 
 - ``samples_per_s``: training samples (agent steps with token ids) per second
   of wall time, keyed by concurrent episodes ("1", "8", "32", "128");
@@ -151,8 +152,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if pool is not None:
             pool.close()
         record, alone = False, recorded[:args.replay]
-        one_at_a_time = await replay(policy, alone[:max(1, len(alone) // 8)], 1)
-        all_at_once = await replay(policy, alone, levels[-1])
+        generation = None
+        if alone:   # none when every episode of the top level aborted before acting
+            one_at_a_time = await replay(policy, alone[:max(1, len(alone) // 8)], 1)
+            all_at_once = await replay(policy, alone, levels[-1])
+            generation = {"requests": len(alone), "requests_per_s": {
+                "1": round(one_at_a_time, 2), str(levels[-1]): round(all_at_once, 2)},
+                "speedup": round(all_at_once / one_at_a_time, 2)}
     finally:
         if pool is not None:
             pool.close()
@@ -165,9 +171,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"speedup_{top}": round(rate[top] / rate[bottom], 2) if rate[bottom] else None,
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
         "cpu_ceiling_samples_per_s": round((os.cpu_count() or 1) / sum(top_cpu.values()), 2) if top_cpu else None,
-        "generation": {"requests": len(alone), "requests_per_s": {"1": round(one_at_a_time, 2),
-                                                                  top: round(all_at_once, 2)},
-                       "speedup": round(all_at_once / one_at_a_time, 2)},
+        "generation": generation,
         "levels": per_level,
         "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
         "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
