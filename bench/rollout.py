@@ -46,14 +46,12 @@ from typing import Any
 
 import torch
 
-from agents.chat import ChatConfig
 from agents.hf_policy import HFPolicy
-from train.rollout import collect, single_role
 from bench import report
 from bench.judge import settle
 from train.batch import trainable
 from train.config import load_config
-from train.rollout import make_envs, make_judge
+from train.rollout import chat_config, collect, make_envs, make_judge, single_role
 
 
 def busy_cpu_s() -> float | None:
@@ -102,7 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     policy = HFPolicy(args.model, seed=cfg.run.seed, max_new_tokens=args.max_new_tokens)
     judge = make_judge(cfg, policy)
     role = cfg.train.role
-    chat = ChatConfig(context_tokens=cfg.rollout.max_context_tokens, max_response_tokens=args.max_new_tokens)
+    chat = chat_config(cfg)
     load_before = os.getloadavg()[0]
     recorded: list[tuple] = []
     generate = policy.generate

@@ -184,8 +184,12 @@ class NextStateEnv(gymnasium.Env):
     def shared_pool(cls, tasks: list[Task], size: int, **kwargs: Any) -> SandboxPool | None:
         """A pool of ``size`` warm sandboxes for ``tasks``, or None when none would be used: leasing
         happens later, or no task runs in the family's image (a SWE-bench row names its own)."""
-        own = any(not cls.has_own_image(t) for t in tasks)
-        return cls.make_pool(size, **kwargs) if cls.lease_at_reset and own else None
+        return cls.make_pool(size, **kwargs) if cls.lease_at_reset and cls.uses_family_image(tasks) else None
+
+    @classmethod
+    def uses_family_image(cls, tasks: list[Task]) -> bool:
+        """Whether some of ``tasks`` run in the family's image (a shared pool of it would be used)."""
+        return any(not cls.has_own_image(t) for t in tasks)
 
     @classmethod
     def has_own_image(cls, task: Task) -> bool:

@@ -308,9 +308,8 @@ def make_envs(cfg: Config, pool_size: int | None = None,
     """
     cls = env_class(cfg.env.family)
     tasks = load_tasks(cfg)
-    pool = None if tasks and all(cls.has_own_image(t) for t in tasks) else \
-        cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
-                      disk=cfg.env.sandbox_disk, run_id=run_id)
+    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+                         disk=cfg.env.sandbox_disk, run_id=run_id) if cls.uses_family_image(tasks) else None
 
     def factory() -> Any:
         return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
