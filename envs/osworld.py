@@ -115,18 +115,26 @@ class DesktopClient:
             return body.decode(errors="replace")
 
     # -- lifecycle --
-    def start(self, width: int, height: int, timeout: float = 30) -> None:
-        """Starts Xvfb, the window manager and the controller unless they answer already."""
+    def start(self, width: int, height: int, timeout: float = 90) -> None:
+        """Starts Xvfb, the window manager and the controller unless they answer already.
+
+        Raises :class:`DesktopError` with the start-up logs when the start script gives up
+        (it exits when openbox fails three times) or nothing answers within ``timeout``.
+        """
         probe = f"curl -s -m 1 -o /dev/null http://127.0.0.1:{self.port}/platform"
         if self.sandbox.run(probe, timeout=5).exit_code == 0:
             return
         self.sandbox.run(f"SCREEN_SIZE={width}x{height} CONTROLLER_PORT={self.port} "
                          "setsid -f nextstate-desktop >/tmp/desktop.log 2>&1", timeout=10)
+        # up: the controller answers; gone: neither the start script nor the controller runs
+        check = f"{probe} && echo up || pgrep -f 'nextstate-desktop|desktop/controller.py' >/dev/null || echo gone"
         deadline = time.monotonic() + timeout
-        while self.sandbox.run(probe, timeout=5).exit_code != 0:
-            if time.monotonic() > deadline:
-                log = self.sandbox.run("tail -20 /tmp/desktop.log /tmp/xvfb.log", timeout=5).output
-                raise DesktopError(f"the desktop did not start in {timeout:g}s:\n{log}")
+        while (state := self.sandbox.run(check, timeout=5).stdout.strip()) != "up":
+            if state == "gone" or time.monotonic() > deadline:
+                log = self.sandbox.run("tail -n 20 /tmp/desktop.log /tmp/openbox.log /tmp/xvfb.log",
+                                       timeout=5).output
+                why = "the desktop's start script exited" if state == "gone" else f"no answer in {timeout:g}s"
+                raise DesktopError(f"the desktop did not start ({why}):\n{log}")
             time.sleep(0.1)
 
     # -- OSWorld's endpoints --

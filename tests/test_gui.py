@@ -88,6 +88,27 @@ def pool(docker_client):
     p.close()
 
 
+@pytest.mark.docker
+def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
+    """The start script gives up (here: an Xvfb that exits) -> DesktopError with the log, not a wait to the timeout."""
+    import time
+
+    from envs.osworld import DesktopClient, DesktopError
+    from envs.pool import SandboxPool
+    fresh = SandboxPool(DESKTOP_IMAGE, size=1, warm=False, memory="2g", pids_limit=1024)
+    try:
+        with fresh.lease() as sb:
+            sb.run("mkdir -p /tmp/broken && printf '#!/bin/sh\\necho no screen >&2; exit 1\\n' > /tmp/broken/Xvfb"
+                   " && chmod +x /tmp/broken/Xvfb && export PATH=/tmp/broken:$PATH")
+            t0 = time.monotonic()
+            with pytest.raises(DesktopError, match="start script exited") as e:
+                DesktopClient(sb).start(1280, 720, timeout=120)
+            assert time.monotonic() - t0 < 60
+            assert "Xvfb did not start" in str(e.value) and "no screen" in str(e.value)
+    finally:
+        fresh.close()
+
+
 @pytest.fixture(scope="module")
 def env(pool):
     tasks = builtin_tasks() + load_tasks(FIXTURES / "examples" / "chrome") + load_tasks(FIXTURES / "examples" / "os")
@@ -265,9 +286,10 @@ def test_evaluate_reports_osworld_domains_and_skips(docker_client, tmp_path):
     from train.evaluate import evaluate
     ids = ["win-cmd", "bluetooth-infeasible", "dict-func"]
     report = evaluate("gui", f"osworld:{FIXTURES}", "gold", parallel=1, output=tmp_path, ids=ids)
-    assert (report["total"], report["succeeded"], report["skipped"]) == (1, 1, 2)
+    results = (tmp_path / "results.jsonl").read_text()
+    assert (report["total"], report["succeeded"], report["skipped"]) == (1, 1, 2), results
     assert report["skipped_reasons"]["win-cmd"] == "unsupported: Windows task"
     assert report["by_category"]["os"]["success_rate"] == 1.0
-    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in results.splitlines()]
     assert {r["task_id"]: r["status"] for r in rows} == {"win-cmd": "skipped", "bluetooth-infeasible": "finished",
                                                         "dict-func": "skipped"}
