@@ -83,7 +83,8 @@ class ScriptedOpenAIServer:
     ``script(request_body)`` returns a :class:`Reply`, a string (every choice's
     text) or a list of strings (one per choice); a list of those instead of a
     callable is played in order, one per request, the last one repeating.
-    ``requests`` keeps every request body received. ``models``: the names
+    ``requests`` keeps every request body received; ``max_in_flight`` is the most
+    completion requests it was answering at once. ``models``: the names
     ``GET /v1/models`` lists, or an HTTP status it fails with.
 
     ``with ScriptedOpenAIServer(lambda req: "\\\\boxed{1}") as server: server.url``
@@ -94,6 +95,7 @@ class ScriptedOpenAIServer:
         self.model, self.delay = model, delay
         self.models = [model] if models is None else models
         self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
         self._lock = threading.Lock()
         if callable(script):
             self._script: Script = script
@@ -167,13 +169,18 @@ class ScriptedOpenAIServer:
                     return
                 with server._lock:
                     server.requests.append(request)
-                status, body, headers, delay = server._answer(request)
-                if delay:
-                    time.sleep(delay)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
+                    status, body, headers, delay = server._answer(request)
+                    if delay:
+                        time.sleep(delay)
                     self._send(status, body, headers)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
 
         return Handler
 

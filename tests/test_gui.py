@@ -91,8 +91,6 @@ def pool(docker_client):
 @pytest.mark.docker
 def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
     """The start script gives up (here: an Xvfb that exits) -> DesktopError with the log, not a wait to the timeout."""
-    import time
-
     from envs.osworld import DesktopClient, DesktopError
     from envs.pool import SandboxPool
     fresh = SandboxPool(DESKTOP_IMAGE, size=1, warm=False, memory="2g", pids_limit=1024)
@@ -100,10 +98,8 @@ def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
         with fresh.lease() as sb:
             sb.run("mkdir -p /tmp/broken && printf '#!/bin/sh\\necho no screen >&2; exit 1\\n' > /tmp/broken/Xvfb"
                    " && chmod +x /tmp/broken/Xvfb && export PATH=/tmp/broken:$PATH")
-            t0 = time.monotonic()
-            with pytest.raises(DesktopError, match="start script exited") as e:
+            with pytest.raises(DesktopError, match="start script exited") as e:  # not "no answer in 120s"
                 DesktopClient(sb).start(1280, 720, timeout=120)
-            assert time.monotonic() - t0 < 60
             assert "Xvfb did not start" in str(e.value) and "no screen" in str(e.value)
     finally:
         fresh.close()

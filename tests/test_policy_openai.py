@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -45,10 +44,8 @@ async def test_client_error_is_not_retried():
 
 async def test_timeout_is_retried_then_raises():
     with ScriptedOpenAIServer(Reply("late", delay=3.0)) as s:
-        start = time.monotonic()
-        with pytest.raises(PolicyError, match="ReadTimeout"):
+        with pytest.raises(PolicyError, match="ReadTimeout"):  # the 3 s answer was not waited for
             await policy(s, timeout=0.2, max_retries=1).generate(MESSAGES)
-        assert time.monotonic() - start < 2.0
     assert len(s.requests) == 2
 
 
@@ -130,12 +127,11 @@ async def test_model_name_discovered_and_make_policy():
 
 
 async def test_many_concurrent_requests():
-    with ScriptedOpenAIServer(Reply("x", delay=0.2)) as s:
+    with ScriptedOpenAIServer(Reply("x", delay=1.0)) as s:
         p = policy(s)
-        start = time.monotonic()
         gens = await asyncio.gather(*(p.generate(MESSAGES) for _ in range(32)))
-        assert time.monotonic() - start < 2.0  # concurrent, not 32 x 0.2 s
     assert [g.text for g in gens] == ["x"] * 32
+    assert s.max_in_flight >= 16, s.max_in_flight  # concurrent (one at a time would be 1)
 
 
 def test_generate_sync_works_across_event_loops():
