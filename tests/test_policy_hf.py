@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -255,12 +256,21 @@ async def test_one_bad_request_does_not_poison_its_batch():
     assert again.response_ids
 
 
+async def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Yields to the event loop until ``condition()`` holds (a worker thread got somewhere)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come about"
+        await asyncio.sleep(0.01)
+
+
 async def test_weight_swap_waits_for_the_running_batch():
     """The trainer's publish() holds ``policy.lock``: a batch never runs on half-swapped weights."""
     policy = HFPolicy("tiny", batch_window_s=0.0)
     with policy.lock:
         task = asyncio.ensure_future(policy.generate(_chat(1), temperature=0.0, max_tokens=8))
-        await asyncio.sleep(0.3)
+        await _until(lambda: policy.batcher.batches == 1)   # the worker has taken the batch
+        await asyncio.sleep(0.1)
         assert not task.done()          # the batch waits for the swap to finish
         with torch.no_grad():
             for p in policy.model.parameters():
@@ -310,11 +320,11 @@ async def test_judge_requests_go_ahead_of_queued_turns():
 
     with policy.lock:   # the worker takes the first batch and waits on the lock
         first = asyncio.ensure_future(turn(0))
-        await asyncio.sleep(0.3)
+        await _until(lambda: policy.batcher.batches == 1)
         rest = [asyncio.ensure_future(turn(k)) for k in range(1, 7)]
-        await asyncio.sleep(0.1)
+        await _until(lambda: policy.batcher._queue.qsize() == 6)
         judge = asyncio.ensure_future(vote())
-        await asyncio.sleep(0.1)
+        await _until(lambda: policy.batcher._queue.qsize() == 7)   # queued last, taken first
     await asyncio.gather(first, judge, *rest)
     assert finished[:2] == ["turn0", "vote"], finished
 
