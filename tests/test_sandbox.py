@@ -182,14 +182,20 @@ def test_bad_timeouts_raise_before_sending(docker_box, timeout):
 
 @pytest.mark.docker
 def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docker_box):
-    docker_box.run("(for i in 1 2 3; do echo tick$i; done; sleep 0.3; echo late) &")
-    time.sleep(1)
+    def wait_for_file(path: str) -> None:   # looked at from outside, so the shell reads nothing
+        deadline = time.monotonic() + 30
+        while docker_box.container.exec_run(["test", "-e", path]).exit_code != 0:
+            assert time.monotonic() < deadline, f"{path} did not appear"
+            time.sleep(0.1)
+
+    docker_box.run("(for i in 1 2 3; do echo tick$i; done; sleep 0.3; echo late; touch /tmp/bg1) &")
+    wait_for_file("/tmp/bg1")
     r = docker_box.run("echo mine")
     assert r.stdout == "mine\n" and "late" in r.background and "late" in r.output
     # a background flood right after the marker: the next result keeps its own output
-    r = docker_box.run("(sleep 0.2; head -c 300000 /dev/zero | tr '\\0' y) & echo fg", timeout=10)
+    r = docker_box.run("(sleep 0.2; head -c 300000 /dev/zero | tr '\\0' y; touch /tmp/bg2) & echo fg", timeout=10)
     assert r.stdout.startswith("fg\n") and not r.shell_restarted
-    time.sleep(2)
+    wait_for_file("/tmp/bg2")
     r = docker_box.run("echo next", timeout=10)
     assert r.stdout.endswith("next\n") and not r.shell_restarted and not r.timed_out
     assert r.background.startswith("yyy")
