@@ -424,9 +424,9 @@ class SandboxPool:
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Block until all ``size`` sandboxes are warm (useful before timing); at once for a
         pool not kept warm."""
-        deadline = time.monotonic() + timeout
         if not self.warm:
             return
+        deadline = time.monotonic() + timeout
         while len(self._ready) + len(self._leased) < self.size:
             if time.monotonic() > deadline:
                 raise PoolTimeout(self._timeout_message(timeout))
