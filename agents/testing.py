@@ -220,6 +220,11 @@ class ScriptedPolicy(Policy):
         self.tokenizer = load_tokenizer()
         self.calls = 0
 
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The tiny tokenizer's chat template applied to ``messages``, ready for the answer."""
+        return list(self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                                       add_generation_prompt=True, return_dict=False))
+
     async def generate(self, messages: list[dict], tools: list[dict] | None = None,
                        **sampling: Any) -> Generation:
         self.calls += 1
@@ -230,8 +235,7 @@ class ScriptedPolicy(Policy):
             text = self.script[min(turn, len(self.script) - 1)]
         if self.delay:
             await asyncio.sleep(self.delay)
-        prompt = list(self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
-                                                         add_generation_prompt=True, return_dict=False))
+        prompt = self.prompt_ids(messages, tools)
         response = self.tokenizer.encode(text, add_special_tokens=False)
         uniform = -math.log(len(self.tokenizer))
         return Generation(text=text, prompt_ids=prompt, response_ids=response,

@@ -31,6 +31,7 @@ class Step:
     score: float = 0.0
     vote_mean: float | None = None
     hint: str | None = None
+    teacher_prompt_ids: list[int] | None = None  # the prompt with the hint (OPD's teacher context)
     timing: dict[str, float] = field(default_factory=dict)
     ids_from_server: bool = True
     finish_reason: str = "stop"

@@ -1,29 +1,37 @@
-"""Benchmark: does RL raise held-out success, and does the step judge help? Side by side.
+"""Benchmark: what do step judges and hindsight hints add over outcome-only RL? Side by side.
 
-``python -m bench.learning [--seeds 0 1 2] [--steps N] [--json]`` starts from one
-supervised warm start (the CPU demo's: the ``tiny`` model fine-tuned by
-:mod:`train.sft` on the "hasty" behaviour policy on procedural terminal tasks, which
-reads the note only half of the time) and trains each
-variant with the same seeds and the same step budget through the local
-backend (real Docker sandboxes, real updates):
+``python -m bench.learning [--families F ...] [--variants V ...] [--seeds 0 1 2] [--steps N]
+[--json]`` starts each task family from one supervised warm start (the ``tiny`` model
+fine-tuned by :mod:`train.sft` on the family's "hasty" behaviour policy) and trains
+each variant with the same seeds and the same step budget through the local backend
+(real Docker sandboxes, real updates):
 
 * ``outcome``: outcome-only GRPO (``advantage.key=outcome``, no judge);
-* ``step_index``: outcome + step judge (``--judge rules``), normalized per
+* ``step_index``: outcome + rule step judge (``judge.mode=rules``), normalized per
   (task group, step index), the paper's recipe;
-* ``state``: outcome + step judge, grouped by identical observed state.
+* ``opd``: On-Policy Distillation only, hints from the rule-based source (the last line
+  of a failed command), teacher = the frozen warm start;
+* ``combine``: ``step_index`` + OPD (``A_t = log pi_teacher - log pi_old + A_rl``);
+* ``shuffled``: ``step_index`` with the judge's votes permuted across the batch's steps
+  (a control: its gain over ``outcome`` must vanish if the votes' placement matters);
+* ``state``: outcome + rule judge, grouped by identical observed state.
 
-Each run evaluates the serving model on held-out task instances (seeds never
-trained on) before its first update and at its end; ``auc`` is the mean
-held-out success over every evaluation of the run (start, every
-``eval.every`` steps, end). Prints one JSON object: ``variants`` (per variant
-the means over seeds of ``before``, ``after``, ``auc``, ``gain``, and the
-per-seed figures), ``seeds``, ``steps``, ``wall_s``. Figures are printed,
-never asserted.
+Families: ``procedural`` (the 4-word control, :mod:`envs.procedural`, where every
+command exits 0) and ``outdir`` (:mod:`envs.outdir`, whose next states carry what the
+instruction does not). Each run evaluates the serving model on held-out instances
+(seeds never trained on) before its first update, every ``eval.every`` steps and at
+its end. Per family and variant the JSON holds ``before``, ``after``, ``auc`` (the mean
+held-out success over a run's evaluations), ``auc_ci95`` (Student-t interval of the
+per-seed AUCs), ``steps_to_0.8`` (the first evaluated step whose seed-mean success
+reaches 0.8; null when none does), ``gain`` and the per-seed runs; then
+``next_state_family``, ``seeds``, ``steps``, ``wall_s``. Figures are printed, never
+asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import tempfile
@@ -33,69 +41,117 @@ from typing import Any
 
 from bench import report as show
 
+RULE_HINTS = ["opd.hint_source=rules", "opd.teacher=reference"]
 VARIANTS = {
     "outcome": ["advantage.key=outcome", "judge.mode=none"],
     "step_index": ["advantage.key=step_index", "judge.mode=rules"],
+    "opd": ["opd.mode=opd", *RULE_HINTS, "advantage.key=outcome", "judge.mode=none"],
+    "combine": ["opd.mode=combine", *RULE_HINTS, "advantage.key=step_index", "judge.mode=rules"],
+    "shuffled": ["advantage.key=step_index", "judge.mode=rules", "advantage.shuffle_votes=true"],
     "state": ["advantage.key=state", "judge.mode=rules"],
 }
+DEFAULT_VARIANTS = ["outcome", "step_index", "opd", "combine", "shuffled"]
+FAMILIES = {
+    "procedural": [],   # the CPU demo's family as configs/terminal.yaml's cpu_demo sets it
+    "outdir": ["env.tasks=outdir:train", "eval.tasks=outdir:heldout", "sft.tasks=outdir:0:64", "env.max_steps=4"],
+}
+NEXT_STATE_FAMILY = "outdir"
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def curve(rows: list[dict[str, Any]]) -> list[float]:
-    """Held-out success at every evaluation of a run, in step order."""
-    return [r["eval/success"] for r in rows if isinstance(r.get("eval/success"), (int, float))]
+def curve(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """``(step, held-out success)`` at every evaluation of a run, in step order."""
+    return [(int(r["step"]), float(r["eval/success"])) for r in rows
+            if isinstance(r.get("eval/success"), (int, float))]
 
 
-def train_variant(name: str, seed: int, steps: int, warm: Path, out: Path, extra: list[str]) -> dict[str, Any]:
-    """One run of variant ``name`` from the warm start; its held-out curve."""
+def ci95(xs: list[float]) -> list[float]:
+    """Student-t 95% interval of the mean of ``xs`` (the mean twice for one value)."""
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return [round(m, 4), round(m, 4)]
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    half = T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+    return [round(m - half, 4), round(m + half, 4)]
+
+
+def steps_to(runs: list[dict[str, Any]], level: float = 0.8) -> int | None:
+    """The first evaluated step at which the seed-mean held-out success reaches ``level``."""
+    steps = sorted({s for r in runs for s, _ in r["curve"]})
+    for step in steps:
+        points = [p for r in runs for s, p in r["curve"] if s == step]
+        if len(points) == len(runs) and sum(points) / len(points) >= level:
+            return step
+    return None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seed means, the AUC's 95% interval and steps to 0.8 of one variant's runs."""
+    def mean(xs: list[float]) -> float:
+        return round(sum(xs) / len(xs), 4)
+    return {"before": mean([r["before"] for r in runs]), "after": mean([r["after"] for r in runs]),
+            "auc": mean([r["auc"] for r in runs]), "auc_ci95": ci95([r["auc"] for r in runs]),
+            "steps_to_0.8": steps_to(runs), "gain": mean([r["after"] - r["before"] for r in runs]),
+            "runs": runs}
+
+
+def family_config(family: str, overrides: list[str]) -> Any:
     from train.config import load_config
+    return load_config("terminal", cpu_demo=True, overrides=[*FAMILIES[family], *overrides])
+
+
+def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out: Path,
+                  extra: list[str]) -> dict[str, Any]:
+    """One run of variant ``name`` on ``family`` from the warm start; its held-out curve."""
     from train.local import LocalTrainer
 
-    cfg = load_config("terminal", cpu_demo=True, overrides=[
+    cfg = family_config(family, [
         f"model.name={warm}", "sft.steps=0", f"run.seed={seed}", f"run.steps={steps}",
         f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *VARIANTS[name], *extra])
     start = time.monotonic()
     rows = LocalTrainer(cfg, out, progress=False).run()
     points = curve(rows)
-    return {"before": points[0], "after": points[-1], "auc": sum(points) / len(points), "curve": points,
-            "wall_s": round(time.monotonic() - start, 1)}
+    success = [p for _, p in points]
+    return {"before": success[0], "after": success[-1], "auc": round(sum(success) / len(success), 4),
+            "curve": points, "wall_s": round(time.monotonic() - start, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="training steps per run (default: the CPU demo's)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--output", help="keep the runs here (default: a temporary directory)")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every run")
     args = p.parse_args(argv)
 
-    from train.config import load_config
+    import torch
+
     from train.sft import warm_start
 
+    torch.set_num_threads(1)   # as the CPU demo: the tiny model runs faster so on a loaded machine
     started = time.monotonic()
     root = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bench-learning-"))
     try:
-        cfg = load_config("terminal", cpu_demo=True, overrides=list(args.overrides))
-        steps = args.steps if args.steps is not None else cfg.run.steps
-        warm = warm_start(cfg, root / "warm_start", progress=False)
-        runs: dict[str, list[dict[str, Any]]] = {}
-        for seed in args.seeds:   # seed-major: every variant gets each seed before the next seed
-            for name in args.variants:
-                print(f"[bench.learning] {name} seed {seed}", file=sys.stderr, flush=True)
-                runs.setdefault(name, []).append(
-                    train_variant(name, seed, steps, warm, root / f"{name}-seed{seed}", list(args.overrides)))
-
-        def mean(xs: list[float]) -> float:
-            return round(sum(xs) / len(xs), 4)
-
-        variants = {name: {"before": mean([r["before"] for r in rs]), "after": mean([r["after"] for r in rs]),
-                           "auc": mean([r["auc"] for r in rs]),
-                           "gain": mean([r["after"] - r["before"] for r in rs]), "runs": rs}
-                    for name, rs in runs.items()}
-        show({"variants": variants, "seeds": args.seeds, "steps": steps,
-              "heldout_tasks": cfg.eval.tasks, "eval_samples_per_task": cfg.eval.samples_per_task,
-              "wall_s": round(time.monotonic() - started, 1)}, args.json)
+        families: dict[str, Any] = {}
+        steps = 0
+        for family in args.families:
+            cfg = family_config(family, list(args.overrides))
+            steps = args.steps if args.steps is not None else cfg.run.steps
+            warm = warm_start(cfg, root / f"warm_start-{family}", progress=False)
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for seed in args.seeds:   # seed-major: every variant gets each seed before the next seed
+                for name in args.variants:
+                    print(f"[bench.learning] {family} {name} seed {seed}", file=sys.stderr, flush=True)
+                    runs.setdefault(name, []).append(train_variant(
+                        family, name, seed, steps, warm, root / family / f"{name}-seed{seed}", list(args.overrides)))
+            families[family] = {"variants": {name: summarize(rs) for name, rs in runs.items()},
+                                "train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks,
+                                "max_steps": cfg.env.max_steps}
+        show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "seeds": args.seeds,
+              "steps": steps, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     finally:
         if not args.output:
             shutil.rmtree(root, ignore_errors=True)

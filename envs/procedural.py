@@ -75,17 +75,22 @@ def is_procedural(source: object) -> bool:
     return isinstance(source, str) and source.startswith(PREFIX)
 
 
-def load(source: str) -> list[Task]:
-    """Tasks of ``procedural:START:COUNT`` or ``procedural:NAME`` (``train``, ``heldout``)."""
-    spec = source[len(PREFIX):]
-    if spec in NAMED:
-        start, count = NAMED[spec]
-    else:
-        try:
-            start, count = (int(x) for x in spec.split(":"))
-        except ValueError:
-            raise ValueError(f"bad task source {source!r}: use procedural:START:COUNT or "
-                             f"procedural:{{{','.join(NAMED)}}}") from None
+def parse_range(source: str, prefix: str, named: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """``(start, count)`` of ``PREFIX:START:COUNT`` or ``PREFIX:NAME`` (a key of ``named``)."""
+    spec = source[len(prefix):]
+    if spec in named:
+        return named[spec]
+    try:
+        start, count = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"bad task source {source!r}: use {prefix}START:COUNT or "
+                         f"{prefix}{{{','.join(named)}}}") from None
     if count < 1 or start < 0:
         raise ValueError(f"bad task source {source!r}: START must be >= 0 and COUNT >= 1")
+    return start, count
+
+
+def load(source: str) -> list[Task]:
+    """Tasks of ``procedural:START:COUNT`` or ``procedural:NAME`` (``train``, ``heldout``)."""
+    start, count = parse_range(source, PREFIX, NAMED)
     return [instance(seed) for seed in range(start, start + count)]

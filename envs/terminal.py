@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from envs import procedural
+from envs import outdir, procedural
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 from envs.sandbox import CommandResult, Sandbox, SandboxError
@@ -498,6 +498,8 @@ class TerminalEnv(NextStateEnv):
         broken: list[tuple[str, str]] = []
         if procedural.is_procedural(source):
             return procedural.load(source), broken
+        if outdir.is_outdir(source):
+            return outdir.load(source), broken
         if source is None or isinstance(source, (str, os.PathLike)):
             return load_terminal_tasks(BUILTIN_TASKS if source is None else source, broken), broken
         return NextStateEnv.load_tasks(cls.__new__(cls), source), broken

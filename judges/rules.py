@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from judges.hints import hint_result
 from judges.prm import JudgeRequest, JudgeResult, format_action, format_next_state, tally
 
 
@@ -46,3 +47,36 @@ class RuleJudge:
         vote, why = rule_vote(req.next_state)
         prompt = f"action: {format_action(req.action)}\n{format_next_state(req.next_state, 600)}"
         return tally([f"{why}: \\boxed{{{vote}}}"] * self.m, prompt)
+
+
+def rule_hint(next_state: dict[str, Any]) -> str | None:
+    """A hint read off a failed next state: a rejected action's reason, a timeout, or the last
+    non-empty line of a failed command's output (its error or a checker's report); None when
+    the step worked."""
+    if not next_state.get("valid", True):
+        return f"The action was rejected: {next_state.get('error') or 'invalid action'}"
+    if next_state.get("timed_out"):
+        return "The command timed out; run something that finishes."
+    if next_state.get("exit_code") in (None, 0):
+        return None
+    lines = [line.strip() for line in str(next_state.get("output") or next_state.get("error") or "").splitlines()]
+    last = next((line for line in reversed(lines) if line and not line.startswith("[exit code")), "")
+    return last or f"The command exited with {next_state['exit_code']}."
+
+
+class RuleHints:
+    """A rule-based hint source (a baseline, like :class:`RuleJudge`): +1 with the failure's
+    own words as the hint when a step failed visibly (:func:`rule_hint`), else -1 and no hint."""
+
+    def __init__(self, m: int = 1):
+        self.m = m
+
+    def template(self, family: str) -> dict[str, Any]:
+        """No prompt template is needed; any family is accepted."""
+        return {}
+
+    async def judge(self, req: JudgeRequest) -> JudgeResult:
+        hint = rule_hint(req.next_state)
+        answer = f"[HINT_START]{hint}[HINT_END] \\boxed{{1}}" if hint else "no failure seen: \\boxed{-1}"
+        prompt = f"action: {format_action(req.action)}\n{format_next_state(req.next_state, 600)}"
+        return hint_result([answer] * self.m, prompt)

@@ -8,6 +8,13 @@ advantage of a step comes from :mod:`train.advantage` and is spread over
 every token of its response. ``Batch.step_log`` keeps, per trainable step,
 the ``R_t`` and advantage it was trained with (the trainer writes them to
 ``advantages.jsonl``, where ``python -m train.view`` reads them).
+
+On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``): a step with a hint
+carries its teacher context (``Step.teacher_prompt_ids``); the learner scores the
+step's response there with the teacher and gives each token
+:func:`token_advantages`, ``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``.
+A step without a hint keeps ``w_rl * A_rl``; in mode ``opd`` ``w_rl`` is 0, so only
+hinted steps train.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 
 from agents.trajectory import Step, Trajectory
 from train.advantage import StepRows, compute_advantages, states_before
-from train.config import AdvantageConfig
+from train.config import AdvantageConfig, OPDConfig
 from train.loss import MicroBatch
 
 
@@ -31,8 +38,10 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     old_log_probs: list[float]
-    advantage: float
+    advantage: float                  # the step's scalar advantage (w_rl * A_rl under OPD)
     reward: float
+    teacher_prompt_ids: list[int] | None = None   # OPD's teacher context: the prompt with the hint
+    token_advantages: list[float] | None = None   # per-token advantages, once the teacher has scored
 
 
 @dataclass
@@ -42,6 +51,7 @@ class Batch:
     samples: list[Sample]
     metrics: dict[str, float] = field(default_factory=dict)
     step_log: list[dict] = field(default_factory=list)
+    weight_opd: float = 0.0           # w_opd of the samples with a teacher context
 
     @property
     def num_tokens(self) -> int:
@@ -78,15 +88,40 @@ def step_table(trajectories: Sequence[Trajectory], role: str
     return rows, steps
 
 
+def token_advantages(teacher_log_probs: Sequence[float], old_log_probs: Sequence[float], a_rl: float,
+                     weight_opd: float) -> list[float]:
+    """``weight_opd * (log pi_teacher - log pi_old) + a_rl`` per response token (``a_rl`` is the
+    step's already weighted ``w_rl * A_rl``)."""
+    teacher, old = np.asarray(teacher_log_probs, dtype=np.float64), np.asarray(old_log_probs, dtype=np.float64)
+    return (weight_opd * (teacher - old) + a_rl).tolist()
+
+
+def rl_weight(opd: OPDConfig | None) -> float:
+    """``w_rl``: 1 in mode ``rl`` (today's training), 0 in mode ``opd``, ``weight_rl`` in ``combine``."""
+    if opd is None or opd.mode == "rl":
+        return 1.0
+    return 0.0 if opd.mode == "opd" else opd.weight_rl
+
+
 def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, weight: float,
-                role: str) -> Batch:
-    """Samples with advantages for ``role`` and the rollout metrics of the batch."""
+                role: str, opd: OPDConfig | None = None, seed: int = 0) -> Batch:
+    """Samples with advantages for ``role`` and the rollout metrics of the batch (``seed``
+    draws the permutation of ``adv.shuffle_votes``)."""
     rows, steps = step_table(trajectories, role)
+    if adv.shuffle_votes:   # the control: the same votes, on the wrong steps
+        rows.vote_mean = np.random.default_rng(seed).permutation(rows.vote_mean)
     result = compute_advantages(rows, adv.key, c=weight, eps=adv.eps, drop_constant=adv.drop_constant)
-    samples = [Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs), float(a), float(r))
-               for (_, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep) if k]
+    w_rl = rl_weight(opd)
+    distil = opd is not None and opd.mode != "rl"
+    samples = []
+    for (_, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep):
+        teacher = s.teacher_prompt_ids if distil and s.teacher_prompt_ids else None
+        if (k and w_rl != 0) or teacher:
+            samples.append(Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs),
+                                  w_rl * float(a), float(r), teacher_prompt_ids=teacher))
     step_log = [{"group_id": t.group_id, "task_id": t.task_id, "sample": t.sample, "step": s.index,
-                 "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k)}
+                 "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k),
+                 **({"hint": s.hint} if s.hint else {})}
                 for (t, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep)]
     summary = result.summary()
     metrics = rollout_metrics(trajectories)
@@ -99,7 +134,9 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
         "advantage/mean": summary["advantage_mean"],
         "advantage/std": summary["advantage_std"],
     })
-    return Batch(samples, metrics, step_log)
+    if distil:
+        metrics["opd/hinted_samples"] = sum(s.teacher_prompt_ids is not None for s in samples)
+    return Batch(samples, metrics, step_log, weight_opd=opd.weight_opd if distil else 0.0)
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -145,7 +182,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         response_ids[i, :r] = torch.tensor(s.response_ids)
         response_mask[i, :r] = 1
         old[i, :r] = torch.tensor(s.old_log_probs)
-        advantages[i, :r] = s.advantage
+        advantages[i, :r] = torch.tensor(s.token_advantages) if s.token_advantages is not None else s.advantage
         start[i] = p
     return MicroBatch(input_ids, attention, start, response_ids, response_mask, old, advantages)
 

@@ -83,6 +83,20 @@ class AdvantageConfig:
     key: str = "step_index"           # step_index | outcome | state
     drop_constant: bool = True        # drop the samples of buckets whose rewards are all equal (else advantage 0)
     eps: float = 1e-6
+    shuffle_votes: bool = False       # a control: permute the vote means across a batch's steps
+
+
+@dataclass
+class OPDConfig:
+    """On-Policy Distillation from hindsight hints (:mod:`judges.hints`). Per response token
+    ``A_t = weight_opd * (log pi_teacher - log pi_old) + weight_rl * A_rl`` on a step with a
+    hint, ``weight_rl * A_rl`` on one without. ``mode``: ``rl`` (no hints: today's
+    training), ``opd`` (``weight_rl`` taken as 0: only hinted steps train), ``combine``."""
+    mode: str = "rl"                  # rl | opd | combine
+    weight_opd: float = 1.0
+    weight_rl: float = 1.0
+    hint_source: str = "judge"        # judge (an LLM: judge.url's server, else the policy) | rules
+    teacher: str = "reference"        # reference (the frozen initial model) | policy (the model being trained)
 
 
 @dataclass
@@ -157,6 +171,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    opd: OPDConfig = field(default_factory=OPDConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -324,6 +339,9 @@ def validate(cfg: Config) -> None:
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
         (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),
         (len(cfg.train.betas) == 2, "train.betas needs two numbers"),
+        (cfg.opd.mode in ("rl", "opd", "combine"), f"opd.mode must be rl, opd or combine, got {cfg.opd.mode!r}"),
+        (cfg.opd.hint_source in ("judge", "rules"), f"opd.hint_source must be judge or rules, got {cfg.opd.hint_source!r}"),
+        (cfg.opd.teacher in ("reference", "policy"), f"opd.teacher must be reference or policy, got {cfg.opd.teacher!r}"),
     ]
     for ok, message in checks:
         if not ok:

@@ -5,7 +5,9 @@ the learner trains its own copy, so a training step never touches weights a
 generation is reading. :meth:`Learner.publish` then copies the new weights
 into the serving model under the policy's generate lock (between two
 generations). One :meth:`Learner.step` is one optimizer update over the whole
-batch, accumulated over micro-batches.
+batch, accumulated over micro-batches. Under On-Policy Distillation it first scores
+each hinted sample's response in its teacher context (one forward pass of the
+teacher per hinted step, :meth:`Learner.score_teacher`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from train.batch import Batch, micro_batches
+from train.batch import Batch, Sample, collate, micro_batches, token_advantages
 from train.config import Config
 from train.loss import actor_config, actor_loss, token_log_probs
 
@@ -35,6 +37,13 @@ class Learner:
         if cfg.train.kl_coef > 0:   # the KL anchor: ``reference``, else the policy as it is now
             self.ref = (reference if reference is not None else copy.deepcopy(policy.model))
             self.ref.eval().requires_grad_(False)
+        self.teacher = None   # OPD's teacher: the frozen reference, or the model being trained
+        if cfg.opd.mode != "rl":
+            if cfg.opd.teacher == "policy":
+                self.teacher = self.model
+            else:
+                self.teacher = self.ref if self.ref is not None else \
+                    copy.deepcopy(policy.model).eval().requires_grad_(False)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
                                            weight_decay=t.weight_decay)
@@ -50,6 +59,7 @@ class Learner:
         A non-finite gradient norm skips the update and sets ``train/skipped_nonfinite``."""
         if not batch.samples:
             return {"train/skipped": 1.0}
+        opd = self.score_teacher(batch)
         mbs = micro_batches(batch.samples, self.cfg.train.micro_batch_size, self.pad_id)
         total_tokens, n = batch.num_tokens, len(batch.samples)
         sums: dict[str, float] = {}
@@ -78,7 +88,28 @@ class Learner:
         out["train/skipped_nonfinite"] = 0.0 if finite else 1.0
         out["train/grad_norm"] = float(grad_norm)
         out["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        out.update(opd)
         return out
+
+    def score_teacher(self, batch: Batch) -> dict[str, float]:
+        """Per-token advantages of the samples with a teacher context: the teacher's log-probs
+        of their response there (no gradient), through :func:`train.batch.token_advantages`."""
+        hinted = [s for s in batch.samples if s.teacher_prompt_ids is not None]
+        if not hinted or self.teacher is None:
+            return {}
+        gaps = []
+        size = self.cfg.train.micro_batch_size
+        with torch.no_grad():
+            for k in range(0, len(hinted), size):
+                chunk = hinted[k:k + size]
+                mb = collate([Sample(s.teacher_prompt_ids or [], s.response_ids, s.old_log_probs, 0.0, 0.0)
+                              for s in chunk], self.pad_id).to(self.device)
+                teacher_lp, _ = token_log_probs(self.teacher, mb, self.temperature)
+                for i, s in enumerate(chunk):
+                    lp = teacher_lp[i, :len(s.response_ids)].tolist()
+                    s.token_advantages = token_advantages(lp, s.old_log_probs, s.advantage, batch.weight_opd)
+                    gaps += [t - o for t, o in zip(lp, s.old_log_probs)]
+        return {"opd/teacher_gap_mean": float(sum(gaps) / len(gaps)), "opd/scored_samples": float(len(hinted))}
 
     def publish(self) -> None:
         """Copy the trained weights into the serving model, between two generations."""

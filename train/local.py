@@ -31,7 +31,7 @@ from train.batch import build_batch
 from train.config import Config, ConfigError
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, single_role
+from train.rollout import chat_config, collect, load_tasks, make_envs, make_hinter, make_judge, single_role
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class LocalTrainer:
         # R_t and the advantage each trained step got, keyed by (group_id, sample, step)
         self.advantages = Recorder(output / "advantages.jsonl")
         self.judge = make_judge(cfg, self.policy)
+        self.hinter = make_hinter(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
         self.eval_tasks = load_tasks(cfg, cfg.eval.tasks) if cfg.eval.tasks else []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,7 +158,7 @@ class LocalTrainer:
                              router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
                              recorder=self.recorder,
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
-                             batch_tag=f"s{step + 1}", progress=self.progress)
+                             batch_tag=f"s{step + 1}", progress=self.progress, hinter=self.hinter)
 
     async def evaluate(self) -> dict[str, float]:
         """Success of the serving model on the held-out tasks (no judge, no training)."""
@@ -181,7 +182,7 @@ class LocalTrainer:
         """Advantages, one update, weights to the serving model, held-out evaluation when due
         (learner thread)."""
         batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
-                            role=self.cfg.train.role)
+                            role=self.cfg.train.role, opd=self.cfg.opd, seed=self.cfg.run.seed * 100003 + step)
         for row in batch.step_log:
             self.advantages.record("advantage", {"train_step": step + 1, **row})
         metrics = dict(batch.metrics)

@@ -39,6 +39,7 @@ from agents.trajectory import Step, Trajectory
 from envs import env_class
 from envs.base import INFRA_ERRORS, Observation
 from envs.pool import EnvCache
+from judges.hints import teacher_messages
 from judges.prm import JudgeRequest, JudgeResult, StepJudge
 from train.config import Config
 
@@ -102,6 +103,9 @@ class _Episode:
     first_obs: Observation | None = None
     turns: list[Turn] = field(default_factory=list)
     pending: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
+    hinter: Any = None                      # a hint source (judges.hints), or None
+    hinting: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
+    prompts: dict[int, tuple[list[dict], list[dict] | None, Policy]] = field(default_factory=dict)
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking env call, run in the episode's thread pool."""
@@ -118,6 +122,8 @@ async def _act(ep: _Episode) -> tuple[str, list[dict], Generation, float]:
     messages = build_messages(system, ep.first_obs, ep.turns, policy=policy, tools=tools, config=ep.chat)
     t0 = time.monotonic()
     gen = await policy.generate(messages, tools, **ep.gen_kw)
+    if ep.hinter is not None:   # kept to build the teacher context once a hint comes
+        ep.prompts[len(ep.traj.steps)] = (messages, tools, policy)
     return role, messages, gen, time.monotonic() - t0
 
 
@@ -149,12 +155,21 @@ async def _timed_judge(judge: StepJudge, req: JudgeRequest) -> tuple[JudgeResult
     return result, time.monotonic() - start
 
 
+def _request(ep: _Episode, step: Step, before: Observation | None) -> JudgeRequest:
+    """What a judge or hint source reads of ``step``: the task, the history, the action, the next state."""
+    history = [{"action": s.action or s.text, "next_state": s.next_state} for s in ep.traj.steps[:-1]]
+    return JudgeRequest(ep.env.family, ep.task.instruction, history, step.action or step.text,
+                        step.next_state, before=before, after=step.observation)
+
+
 def _judge(ep: _Episode, judge: StepJudge, step: Step, before: Observation | None) -> None:
     """Fire the judge on ``step`` without waiting; :func:`_join` collects its votes."""
-    history = [{"action": s.action or s.text, "next_state": s.next_state} for s in ep.traj.steps[:-1]]
-    req = JudgeRequest(ep.env.family, ep.task.instruction, history, step.action or step.text,
-                       step.next_state, before=before, after=step.observation)
-    ep.pending.append((step, asyncio.create_task(_timed_judge(judge, req))))
+    ep.pending.append((step, asyncio.create_task(_timed_judge(judge, _request(ep, step, before)))))
+
+
+def _hint(ep: _Episode, step: Step, before: Observation | None) -> None:
+    """Ask the hint source about ``step`` without waiting; :func:`_join` builds the teacher context."""
+    ep.hinting.append((step, asyncio.create_task(ep.hinter.judge(_request(ep, step, before)))))
 
 
 async def _join(ep: _Episode) -> None:
@@ -166,6 +181,15 @@ async def _join(ep: _Episode) -> None:
         step.timing["judge"] = elapsed
         if ep.recorder:
             ep.recorder.record("judge", {**ep.where, "step": step.index, **result.to_dict()})
+    for step, t in ep.hinting:
+        result = await t
+        step.hint = result.hint
+        if result.hint and step.index in ep.prompts:
+            messages, tools, policy = ep.prompts[step.index]   # a policy without token ids has no teacher context
+            step.teacher_prompt_ids = policy.prompt_ids(teacher_messages(messages, result.hint), tools) \
+                if hasattr(policy, "prompt_ids") else None
+        if ep.recorder:
+            ep.recorder.record("hint", {**ep.where, "step": step.index, **result.to_dict()})
 
 
 async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task: Any,
@@ -173,18 +197,22 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                       router: Callable[[int, Trajectory], str] | None = None,
                       recorder: Recorder | None = None, executor: ThreadPoolExecutor,
                       chat: ChatConfig | None = None,
-                      sampling: Mapping[str, Any] | None = None) -> Trajectory:
+                      sampling: Mapping[str, Any] | None = None, hinter: Any = None) -> Trajectory:
     """Play one episode of ``task`` on ``env``: act, step the env, judge (in the background),
-    until the env ends it; then join the votes. Never raises for infrastructure faults."""
+    until the env ends it; then join the votes (and the hints of ``hinter``, a hint source of
+    :mod:`judges.hints`, with each hinted step's teacher context). Never raises for
+    infrastructure faults."""
     roles, router = _roles(policies, router)
     chat = chat or ChatConfig()
     started = time.monotonic()
     traj = Trajectory(task_id=task.id, group_id=group_id, sample=sample, family=env.family,
                       info={"instruction": task.instruction})
-    if judge is not None:
-        judge.template(env.family)  # a missing template is a configuration error: fail now
+    for j in (judge, hinter):
+        if j is not None:
+            j.template(env.family)  # a missing template is a configuration error: fail now
     ep = _Episode(env, task, roles, router, chat, {**chat.sampling(), **(sampling or {})}, executor,
-                  recorder, traj, {"group_id": group_id, "task_id": task.id, "sample": sample})
+                  recorder, traj, {"group_id": group_id, "task_id": task.id, "sample": sample},
+                  hinter=hinter)
     try:
         raw_first, _ = await ep.in_thread(partial(env.reset, options={"task": task}))
         ep.first_obs = prev_obs = env.present(raw_first)  # the one view of an observation
@@ -195,6 +223,8 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                 break
             if judge is not None:
                 _judge(ep, judge, step, prev_obs)
+            if hinter is not None:
+                _hint(ep, step, prev_obs)
             ep.turns.append(Turn(step.text, step.observation, valid=bool(step.next_state.get("valid", True))))
             prev_obs = step.observation
             if terminated or truncated:
@@ -203,7 +233,7 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                 traj.outcome = (info.get("outcome") or {}).get("reward")
                 break
     except asyncio.CancelledError:
-        for _, t in ep.pending:
+        for _, t in ep.pending + ep.hinting:
             t.cancel()
         raise
     except Exception as e:  # infrastructure (sandbox, pool, policy server) or an env bug
@@ -229,7 +259,7 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                   router: Callable[[int, Trajectory], str] | None = None,
                   recorder: Recorder | None = None, chat: ChatConfig | None = None,
                   sampling: Mapping[str, Any] | None = None, batch_tag: str | None = None,
-                  progress: bool = True) -> list[Trajectory]:
+                  progress: bool = True, hinter: Any = None) -> list[Trajectory]:
     """Run every task ``n_samples`` times, ``parallel`` episodes at once.
 
     Returns trajectories ordered by task, then sample. ``group_id`` is
@@ -262,7 +292,7 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
             try:
                 traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,
                                          judge=judge, router=router, recorder=recorder,
-                                         executor=executor, chat=chat, sampling=sampling)
+                                         executor=executor, chat=chat, sampling=sampling, hinter=hinter)
             finally:
                 envs.give_back(env)
         bar.update(1)
@@ -332,3 +362,17 @@ def make_judge(cfg: Config, policy: Any) -> Any:
         from agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
     return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
+
+
+def make_hinter(cfg: Config, policy: Any) -> Any:
+    """The hint source ``cfg.opd`` asks for (None in mode ``rl``): ``rules``, or an LLM judge
+    on judge.url's server when judge.mode is ``url``, else on ``policy``."""
+    if cfg.opd.mode == "rl":
+        return None
+    from judges.hints import hint_source
+    j = cfg.judge
+    backend = policy
+    if cfg.opd.hint_source == "judge" and j.mode == "url":
+        from agents.openai_policy import OpenAIPolicy
+        backend = OpenAIPolicy(j.url, model=j.model)
+    return hint_source(cfg.opd.hint_source, backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)

@@ -99,12 +99,13 @@ def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: s
     reads the note half of the time (:func:`envs.procedural.hasty_actions`); its valid
     steps are kept whether the check passed or not, so a model trained on them learns the
     format and the mapping but not to always read first."""
-    from envs import procedural
+    from envs import outdir, procedural
 
     if source == "hasty":
         if not task.data.get("choices"):
             raise ValueError(f"sft source hasty needs procedural tasks; {task.id} has no choices")
-        plan = procedural.hasty_actions(task, rng or random.Random(0))
+        behaviour = outdir.hasty_actions if task.data.get("behaviour") == "outdir" else procedural.hasty_actions
+        plan = behaviour(task, rng or random.Random(0))
     else:
         plan = env.oracle_actions(task, "gold")
     first_obs, _ = env.reset(options={"task": task})
