@@ -16,8 +16,8 @@ each variant with the same seeds and the same step budget through the local back
   (a control: its gain over ``outcome`` must vanish if the votes' placement matters);
 * ``state``: outcome + rule judge, grouped by identical observed state.
 
-Families: ``procedural`` (the 4-word control, :mod:`envs.procedural`, where every
-command exits 0) and ``outdir`` (:mod:`envs.outdir`, whose next states carry what the
+Families: ``procedural`` (the 4-word control, :mod:`envs.terminal.procedural`, where every
+command exits 0) and ``outdir`` (:mod:`envs.terminal.outdir`, whose next states carry what the
 instruction does not). Each run evaluates the serving model on held-out instances
 (seeds never trained on) before its first update, every ``eval.every`` steps and at
 its end. Per family and variant the JSON holds ``before``, ``after``, ``auc`` (the mean

@@ -1,7 +1,7 @@
 """A procedural terminal family whose next states say what the instruction does not.
 
 Each instance comes from an integer seed: ``/app/note`` holds one of the 4-word
-family's words (:data:`envs.procedural.WORDS`, the seed's turn in them), and the task is
+family's words (:data:`envs.terminal.procedural.WORDS`, the seed's turn in them), and the task is
 "Read /app/note, then write the word it holds to /app/out/answer." -- but
 ``/app/out`` does not exist. A write before ``mkdir`` fails visibly (bash's
 ``No such file or directory`` and exit code 1); only that next state tells the agent
@@ -34,7 +34,7 @@ import random
 import shlex
 
 from envs.base import Task
-from envs.procedural import NOTE, WORDS, parse_range
+from envs.terminal.procedural import NOTE, WORDS, parse_range
 
 PREFIX = "outdir:"
 OUT_DIR = "/app/out"
