@@ -95,19 +95,24 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": runs}
 
 
-def family_config(family: str, overrides: list[str]) -> Any:
+def family_config(family: str, overrides: list[str], heldout: int | None = None) -> Any:
+    """The CPU demo's config on ``family``; ``heldout``: evaluate on its first that many held-out seeds."""
+    from envs.terminal import outdir, procedural
     from train.config import load_config
-    return load_config("terminal", cpu_demo=True, overrides=[*FAMILIES[family], *overrides])
+
+    first = {"procedural": procedural.NAMED, "outdir": outdir.NAMED}[family]["heldout"][0]
+    subset = [f"eval.tasks={family}:{first}:{heldout}"] if heldout else []
+    return load_config("terminal", cpu_demo=True, overrides=[*FAMILIES[family], *subset, *overrides])
 
 
 def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out: Path,
-                  extra: list[str]) -> dict[str, Any]:
+                  extra: list[str], heldout: int | None = None) -> dict[str, Any]:
     """One run of variant ``name`` on ``family`` from the warm start; its held-out curve."""
     from train.local import LocalTrainer
 
     cfg = family_config(family, [
         f"model.name={warm}", "sft.steps=0", f"run.seed={seed}", f"run.steps={steps}",
-        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *VARIANTS[name], *extra])
+        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *VARIANTS[name], *extra], heldout)
     start = time.monotonic()
     rows = LocalTrainer(cfg, out, progress=False).run()
     points = curve(rows)
@@ -122,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="training steps per run (default: the CPU demo's)")
+    p.add_argument("--heldout", type=int, help="evaluate on the first N held-out instances (default: all 64)")
     p.add_argument("--output", help="keep the runs here (default: a temporary directory)")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every run")
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         families: dict[str, Any] = {}
         steps = 0
         for family in args.families:
-            cfg = family_config(family, list(args.overrides))
+            cfg = family_config(family, list(args.overrides), args.heldout)
             steps = args.steps if args.steps is not None else cfg.run.steps
             warm = warm_start(cfg, root / f"warm_start-{family}", progress=False)
             runs: dict[str, list[dict[str, Any]]] = {}
@@ -146,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name in args.variants:
                     print(f"[bench.learning] {family} {name} seed {seed}", file=sys.stderr, flush=True)
                     runs.setdefault(name, []).append(train_variant(
-                        family, name, seed, steps, warm, root / family / f"{name}-seed{seed}", list(args.overrides)))
+                        family, name, seed, steps, warm, root / family / f"{name}-seed{seed}",
+                        list(args.overrides), args.heldout))
             families[family] = {"variants": {name: summarize(rs) for name, rs in runs.items()},
                                 "train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks,
-                                "max_steps": cfg.env.max_steps}
+                                "eval_every": cfg.eval.every, "max_steps": cfg.env.max_steps}
         show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "seeds": args.seeds,
               "steps": steps, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     finally:
