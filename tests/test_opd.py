@@ -169,3 +169,15 @@ async def test_an_outdir_episode_gets_its_failure_as_hint_and_a_teacher_context(
     text = policy.tokenizer.decode(failed.teacher_prompt_ids)
     assert f"red\n[exit code 0]\n\n{HINT_HEADER}\n{failed.hint}" in text
     assert all(s.teacher_prompt_ids is None for s in traj.steps if s is not failed)
+
+
+def test_opd_settings_are_checked():
+    from train.__main__ import build_config, parse_args
+    from train.config import ConfigError
+
+    assert load_config("terminal").opd.mode == "rl"   # the default trains as before
+    for bad in ("opd.mode=distil", "opd.hint_source=oracle", "opd.teacher=gpt"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config("terminal", overrides=[bad])
+    with pytest.raises(ConfigError, match="local only"):
+        build_config(parse_args(["--env", "terminal", "--backend", "verl", "--dry-run", "opd.mode=combine"]))
