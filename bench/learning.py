@@ -13,7 +13,8 @@ each variant with the same seeds and the same step budget through the local back
   of a failed command), teacher = the frozen warm start;
 * ``combine``: ``step_index`` + OPD (``A_t = log pi_teacher - log pi_old + A_rl``);
 * ``shuffled``: ``step_index`` with the judge's votes permuted across the batch's steps
-  (a control: its gain over ``outcome`` must vanish if the votes' placement matters);
+  (a control: its gain over ``outcome`` must vanish if the votes' placement matters; not
+  run on ``procedural``, whose rule votes are +1 on nearly every step);
 * ``state``: outcome + rule judge, grouped by identical observed state.
 
 Families: ``procedural`` (the 4-word control, :mod:`envs.terminal.procedural`, where every
@@ -32,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,8 @@ FAMILIES = {
     "outdir": ["env.tasks=outdir:train", "eval.tasks=outdir:heldout", "sft.tasks=outdir:0:64", "env.max_steps=4"],
 }
 NEXT_STATE_FAMILY = "outdir"
+# the control's rule votes are +1 on (nearly) every step: shuffling them would rerun step_index
+SKIP = {"procedural": {"shuffled"}}
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -121,6 +126,11 @@ def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out
             "curve": points, "wall_s": round(time.monotonic() - start, 1)}
 
 
+def _one_thread() -> None:
+    import torch
+    torch.set_num_threads(1)   # as the CPU demo: the tiny model runs faster so on a loaded machine
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__.split("\n\n")[0])
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
@@ -128,38 +138,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, help="training steps per run (default: the CPU demo's)")
     p.add_argument("--heldout", type=int, help="evaluate on the first N held-out instances (default: all 64)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     p.add_argument("--output", help="keep the runs here (default: a temporary directory)")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every run")
     args = p.parse_args(argv)
 
-    import torch
-
     from train.sft import warm_start
 
-    torch.set_num_threads(1)   # as the CPU demo: the tiny model runs faster so on a loaded machine
+    _one_thread()
     started = time.monotonic()
     root = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bench-learning-"))
+    pool = ProcessPoolExecutor(max(1, args.jobs), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_one_thread)
     try:
-        families: dict[str, Any] = {}
+        jobs: dict[str, dict[str, list[Any]]] = {}
+        configs: dict[str, Any] = {}
         steps = 0
         for family in args.families:
-            cfg = family_config(family, list(args.overrides), args.heldout)
+            cfg = configs[family] = family_config(family, list(args.overrides), args.heldout)
             steps = args.steps if args.steps is not None else cfg.run.steps
             warm = warm_start(cfg, root / f"warm_start-{family}", progress=False)
-            runs: dict[str, list[dict[str, Any]]] = {}
             for seed in args.seeds:   # seed-major: every variant gets each seed before the next seed
-                for name in args.variants:
+                for name in [v for v in args.variants if v not in SKIP.get(family, ())]:
                     print(f"[bench.learning] {family} {name} seed {seed}", file=sys.stderr, flush=True)
-                    runs.setdefault(name, []).append(train_variant(
-                        family, name, seed, steps, warm, root / family / f"{name}-seed{seed}",
+                    jobs.setdefault(family, {}).setdefault(name, []).append(pool.submit(
+                        train_variant, family, name, seed, steps, warm, root / family / f"{name}-seed{seed}",
                         list(args.overrides), args.heldout))
-            families[family] = {"variants": {name: summarize(rs) for name, rs in runs.items()},
-                                "train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks,
-                                "eval_every": cfg.eval.every, "max_steps": cfg.env.max_steps}
+        families = {family: {"variants": {name: summarize([f.result() for f in futures])
+                                          for name, futures in variants.items()},
+                             "train_tasks": configs[family].env.tasks, "heldout_tasks": configs[family].eval.tasks,
+                             "eval_every": configs[family].eval.every, "max_steps": configs[family].env.max_steps}
+                    for family, variants in jobs.items()}
         show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "seeds": args.seeds,
-              "steps": steps, "wall_s": round(time.monotonic() - started, 1)}, args.json)
+              "steps": steps, "jobs": args.jobs, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     finally:
+        pool.shutdown(cancel_futures=True)
         if not args.output:
             shutil.rmtree(root, ignore_errors=True)
     return 0
