@@ -181,3 +181,23 @@ def test_opd_settings_are_checked():
             load_config("terminal", overrides=[bad])
     with pytest.raises(ConfigError, match="local only"):
         build_config(parse_args(["--env", "terminal", "--backend", "verl", "--dry-run", "opd.mode=combine"]))
+
+
+def test_shuffled_votes_keep_the_votes_but_move_them():
+    cfg = load_config("terminal", cpu_demo=True, overrides=["advantage.shuffle_votes=true"])
+    votes = [1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0]
+    trajs = [Trajectory("t", "g", i, "terminal", [Step(role="agent", index=0, prompt_ids=[1], response_ids=[2],
+                                                       logprobs=[-1.0], text="x", action=None, next_state={},
+                                                       observation="o", vote_mean=v)], outcome=0.0)
+             for i, v in enumerate(votes)]
+    rewards = [row["reward"] for row in build_batch(trajs, cfg.advantage, weight=1.0, role="agent", seed=3).step_log]
+    assert sorted(rewards) == sorted(votes) and rewards != votes   # R_t = 0 + vote, permuted
+    again = [row["reward"] for row in build_batch(trajs, cfg.advantage, weight=1.0, role="agent", seed=3).step_log]
+    assert again == rewards
+
+
+def test_bench_summaries_by_hand():
+    from bench.learning import ci95, steps_to
+    assert ci95([0.5, 0.6, 0.7]) == pytest.approx([0.6 - 4.303 * 0.1 / 3 ** 0.5, 0.6 + 4.303 * 0.1 / 3 ** 0.5], abs=1e-4)
+    runs = [{"curve": [(0, 0.5), (5, 0.7), (10, 0.9)]}, {"curve": [(0, 0.5), (5, 0.9), (10, 0.8)]}]
+    assert steps_to(runs) == 5 and steps_to(runs, 0.95) is None
