@@ -23,7 +23,6 @@ than 10 characters, take the longest; none -> the step has no hint.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from judges.prm import JudgeRequest, JudgeResult, StepJudge, parse_hint, parse_vote, render_prompt, tally
 
@@ -84,12 +83,3 @@ class HintJudge(StepJudge):
             result.hint = hint_result(result.raw).hint
         return result
 
-
-def hint_source(kind: str, backend: Any = None, **judge_kw: Any) -> Any:
-    """The hint source named by ``opd.hint_source``: ``rules`` or ``judge`` (an LLM on ``backend``)."""
-    if kind == "rules":
-        from judges.rules import RuleHints
-        return RuleHints()
-    if kind == "judge":
-        return HintJudge(backend, **judge_kw)
-    raise ValueError(f"unknown hint source {kind!r}; use rules or judge")

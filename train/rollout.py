@@ -369,10 +369,13 @@ def make_hinter(cfg: Config, policy: Any) -> Any:
     on judge.url's server when judge.mode is ``url``, else on ``policy``."""
     if cfg.opd.mode == "rl":
         return None
-    from judges.hints import hint_source
+    if cfg.opd.hint_source == "rules":
+        from judges.rules import RuleHints
+        return RuleHints()
+    from judges.hints import HintJudge
     j = cfg.judge
     backend = policy
-    if cfg.opd.hint_source == "judge" and j.mode == "url":
+    if j.mode == "url":
         from agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
-    return hint_source(cfg.opd.hint_source, backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
+    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
