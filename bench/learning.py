@@ -25,8 +25,10 @@ its end. Per family and variant the JSON holds ``before``, ``after``, ``auc`` (t
 held-out success over a run's evaluations), ``auc_ci95`` (Student-t interval of the
 per-seed AUCs), ``steps_to_0.8`` (the first evaluated step whose seed-mean success
 reaches 0.8; null when none does), ``gain`` and the per-seed runs; then
-``next_state_family``, ``seeds``, ``steps``, ``wall_s``. Figures are printed, never
-asserted.
+``next_state_family``, ``auc_gain_over_outcome`` (per family, each variant's AUC minus
+outcome-only's), ``seeds``, ``steps``, ``wall_s``. ``--collect DIR ...`` trains nothing and
+prints the same object from the finished runs of earlier ``--output`` folders (the runs not
+finished are listed under ``missing``). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -100,6 +102,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": runs}
 
 
+def gains(families: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per family, each variant's AUC minus ``outcome``'s (``shuffled``'s must be near 0 for the
+    votes' placement, not their mere presence, to be what helps)."""
+    out = {}
+    for family, f in families.items():
+        v = f["variants"]
+        if "outcome" in v:
+            out[family] = {name: round(x["auc"] - v["outcome"]["auc"], 4) for name, x in v.items() if name != "outcome"}
+    return out
+
+
 def family_config(family: str, overrides: list[str], heldout: int | None = None) -> Any:
     """The CPU demo's config on ``family``; ``heldout``: evaluate on its first that many held-out seeds."""
     from envs.terminal import outdir, procedural
@@ -120,10 +133,30 @@ def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out
         f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *VARIANTS[name], *extra], heldout)
     start = time.monotonic()
     rows = LocalTrainer(cfg, out, progress=False).run()
+    return {**figures(rows), "wall_s": round(time.monotonic() - start, 1)}
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Before, after, AUC and the curve of one run's metrics rows."""
     points = curve(rows)
     success = [p for _, p in points]
     return {"before": success[0], "after": success[-1], "auc": round(sum(success) / len(success), 4),
-            "curve": points, "wall_s": round(time.monotonic() - start, 1)}
+            "curve": points}
+
+
+def collected(dirs: list[Path], family: str, name: str, seed: int, steps: int) -> dict[str, Any] | None:
+    """The figures of a finished run of an earlier ``--output`` (the first of ``dirs`` that holds
+    one whose last evaluation is at ``steps``), else None."""
+    import json
+
+    for d in dirs:
+        path = d / family / f"{name}-seed{seed}" / "metrics.jsonl"
+        if path.is_file():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            points = curve(rows)
+            if points and points[-1][0] == steps:
+                return figures(rows)
+    return None
 
 
 def _one_thread() -> None:
@@ -140,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heldout", type=int, help="evaluate on the first N held-out instances (default: all 64)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     p.add_argument("--output", help="keep the runs here (default: a temporary directory)")
+    p.add_argument("--collect", nargs="+", metavar="DIR",
+                   help="train nothing: the figures of the finished runs in these earlier --output folders")
     p.add_argument("--json", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides for every run")
     args = p.parse_args(argv)
 
+    if args.collect:
+        return collect_figures(args)
     from train.sft import warm_start
 
     _one_thread()
@@ -170,12 +207,38 @@ def main(argv: list[str] | None = None) -> int:
                              "train_tasks": configs[family].env.tasks, "heldout_tasks": configs[family].eval.tasks,
                              "eval_every": configs[family].eval.every, "max_steps": configs[family].env.max_steps}
                     for family, variants in jobs.items()}
-        show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "seeds": args.seeds,
-              "steps": steps, "jobs": args.jobs, "wall_s": round(time.monotonic() - started, 1)}, args.json)
+        show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "auc_gain_over_outcome": gains(families),
+              "seeds": args.seeds, "steps": steps, "jobs": args.jobs, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     finally:
         pool.shutdown(cancel_futures=True)
         if not args.output:
             shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def collect_figures(args: argparse.Namespace) -> int:
+    """``--collect``: the JSON of the runs already finished, and the ones missing."""
+    families: dict[str, Any] = {}
+    missing = []
+    steps = args.steps or 0
+    for family in args.families:
+        cfg = family_config(family, list(args.overrides), args.heldout)
+        steps = args.steps if args.steps is not None else cfg.run.steps
+        variants = {}
+        for name in [v for v in args.variants if v not in SKIP.get(family, ())]:
+            runs = []
+            for seed in args.seeds:
+                run = collected([Path(d) for d in args.collect], family, name, seed, steps)
+                if run is None:
+                    missing.append(f"{family}/{name}-seed{seed}")
+                else:
+                    runs.append(run)
+            if runs:
+                variants[name] = summarize(runs)
+        families[family] = {"variants": variants, "train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks,
+                            "eval_every": cfg.eval.every, "max_steps": cfg.env.max_steps}
+    show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "auc_gain_over_outcome": gains(families),
+          "seeds": args.seeds, "steps": steps, "missing": missing, "wall_s": None}, args.json)
     return 0
 
 
