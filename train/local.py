@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +32,7 @@ from train.batch import build_batch
 from train.config import Config, ConfigError
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, single_role
+from train.rollout import chat_config, collect, heldout, load_tasks, make_envs, make_judge, single_role
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,6 @@ class LocalTrainer:
                                    max_new_tokens=cfg.rollout.max_response_tokens)
         except OSError as e:
             raise ConfigError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
-        if resume and ckpt is None:
-            log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
         reference = None
         if ckpt is not None and cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
             anchor = HFPolicy(initial, device=device, dtype=dtype, seed=cfg.run.seed)
@@ -134,7 +133,10 @@ class LocalTrainer:
             meta, state = checkpoint.load(ckpt)
             self.learner.load_state_dict(state)
             self.start = int(meta["step"])
-            log.info("resuming from %s (step %d)", ckpt, self.start)
+        if resume:   # which step it goes on from, before the slow parts
+            where = ckpt or checkpoint.directory(output)
+            print(checkpoint.resume_line(self.start if ckpt else None, cfg.run.steps, where),
+                  file=sys.stderr, flush=True)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
         (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
         # every step's messages, action, next state, judge prompt, votes and hints
@@ -159,18 +161,14 @@ class LocalTrainer:
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
 
-    async def evaluate(self) -> dict[str, float]:
-        """Success of the serving model on the held-out tasks (no judge, no training)."""
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """Success of the serving model on the held-out tasks after ``step`` updates (no judge, no
+        training); the episodes go to rollouts.jsonl marked ``heldout``."""
         r, e = self.cfg.rollout, self.cfg.eval
-        trajs = await collect(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks,
-                              n_samples=e.samples_per_task, parallel=r.parallel,
-                              router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
-                              sampling={"temperature": e.temperature, "top_p": r.top_p},
-                              batch_tag="eval", progress=False)
-        done = [t for t in trajs if t.status != "aborted"]
-        return {"eval/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
-                "eval/outcome": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
-                "eval/episodes": len(done)}
+        return await heldout(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks, step=step,
+                             n_samples=e.samples_per_task, parallel=r.parallel,
+                             router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
+                             recorder=self.recorder, sampling={"temperature": e.temperature, "top_p": r.top_p})
 
     def eval_due(self, step: int) -> bool:
         """Whether held-out evaluation runs after ``step`` updates."""
@@ -190,7 +188,7 @@ class LocalTrainer:
         if self.eval_due(step + 1) and self._loop is not None and not self._stopping.is_set():
             # runs on the event loop, with the new weights
             t0 = time.monotonic()
-            metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(), self._loop).result())
+            metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(step + 1), self._loop).result())
             metrics["time/eval_s"] = time.monotonic() - t0
         if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
             self.save(step + 1)
@@ -236,7 +234,7 @@ class LocalTrainer:
         self._loop = asyncio.get_running_loop()
         if self.start == 0 and self.eval_tasks:   # the starting point, logged as step 0
             t0 = time.monotonic()
-            self.metrics.log(0, {**await self.evaluate(), "time/eval_s": time.monotonic() - t0})
+            self.metrics.log(0, {**await self.evaluate(0), "time/eval_s": time.monotonic() - t0})
             self._last_done = time.monotonic()
         await overlapped_loop(self.start, total, self.cfg.train.max_staleness, self.rollout, self.train,
                               self.after, self._stopping)

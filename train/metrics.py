@@ -2,13 +2,16 @@
 
 Every :meth:`MetricsLog.log` appends one JSON line ``{"step": k, ...}``,
 writes the scalars to TensorBoard (``<output>/tensorboard``) and redraws
-``<output>/curves.png`` (matplotlib, Agg backend: no display needed).
+``<output>/curves.png`` (matplotlib, Agg backend: no display needed). When
+``STALL_STEPS`` training steps in a row had no sample to train on, it says so
+on stderr, once, with the likely reason and what to try (:func:`no_learning`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,32 @@ CURVES = [  # (metric, title) drawn in the PNG, one panel each
     ("episode/length_mean", "episode length"),
     ("perf/samples_per_s", "throughput (samples/s)"),
 ]
+
+
+STALL_STEPS = 3   # training steps in a row without a trainable sample before the run says so
+
+
+def no_learning(rows: list[dict[str, Any]], n: int = STALL_STEPS) -> str | None:
+    """One line when the last ``n`` training steps of ``rows`` (metrics rows) had no sample to
+    train on and the step before them had some (so it is said once), else None."""
+    counts = [r["batch/samples"] for r in rows if isinstance(r.get("batch/samples"), (int, float))]
+    if len(counts) < n or any(counts[-n:]) or (len(counts) > n and not counts[-n - 1]):
+        return None
+    last = rows[-1]
+    if last.get("episodes") and last.get("aborted") == last.get("episodes"):
+        why = "every episode aborted (their errors are in rollouts.jsonl)"
+    elif not last.get("batch/buckets") and last.get("batch/untrainable_steps"):
+        why = "no step came with the policy's token ids and log-probs"
+    elif last.get("batch/buckets") and last.get("batch/dropped_buckets") == last.get("batch/buckets"):
+        why = "every sample of a task scored alike at each step, so every advantage was 0 and dropped"
+    else:
+        why = "no step was trainable"
+    seen = ", ".join(f"{name} {last[key]:.0%}" for key, name in
+                     (("judge/valid_action_rate", "valid actions"), ("outcome/success", "success"))
+                     if isinstance(last.get(key), (int, float)))
+    return (f"warning: no trainable sample in the last {n} steps: {why}{f' ({seen})' if seen else ''}. "
+            "The model is not learning: try a warm start (sft.steps=200 sft.tasks=...) or a model "
+            "that already acts in this env (--model).")
 
 
 class MetricsLog:
@@ -58,6 +87,9 @@ class MetricsLog:
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()
         self.plot()
+        if (line := no_learning(self.rows)) is not None:
+            from tqdm.auto import tqdm
+            tqdm.write(line, file=sys.stderr)   # above the progress bars
 
     def plot(self) -> Path:
         """Redraw the curves PNG from every row so far."""
