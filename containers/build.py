@@ -32,6 +32,7 @@ from pathlib import Path
 
 import docker
 import yaml
+from tqdm.auto import tqdm
 
 from .engine import connect
 
@@ -55,33 +56,65 @@ class Built:
 
 
 class Progress:
-    """Prints a build's stages with elapsed time, and keeps a tail for errors."""
+    """A build's progress on stderr, and the tail of its output for errors.
+
+    One line per image, redrawn in place (a tqdm line: the Dockerfile step the build is at and
+    the time so far), so that a task image built by a first ``reset()`` does not fill a
+    training run's progress display; with ``Progress.log_lines`` (``python -m containers``
+    sets it) a log line per stage instead, for build logs. Use it as a context manager, or
+    end it with :meth:`close`.
+    """
+
+    log_lines = False
 
     def __init__(self, what: str) -> None:
         self.what, self.start, self.last = what, time.monotonic(), 0.0
         self.tail: deque[str] = deque(maxlen=40)
         self.stages: set[str] = set()
+        self.bar = None if self.log_lines else tqdm(desc=f"building {what}", bar_format="{desc} [{elapsed}]",
+                                                    file=sys.stderr, leave=True, mininterval=0.5)
 
     def say(self, msg: str) -> None:
-        """Prints one progress line (to stderr: library callers may own stdout)."""
-        print(f"[containers {self.what} +{time.monotonic() - self.start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+        """Shows where the build is: the image's line now says ``msg`` (or a log line does)."""
+        if self.bar is not None:
+            self.bar.set_description_str(f"building {self.what}: {msg[:100]}")
+        else:  # to stderr: library callers may own stdout
+            print(f"[containers {self.what} +{time.monotonic() - self.start:5.1f}s] {msg}", file=sys.stderr, flush=True)
         self.last = time.monotonic()
 
     def feed(self, line: str) -> None:
-        """Takes a line of tool output: shown for a Dockerfile step, a first-seen stage
-        (its first two words) and otherwise at most every 10 s."""
+        """Takes a line of tool output: shown for a Dockerfile step, otherwise at most every
+        10 s (and, in log lines, for a first-seen stage: its first two words)."""
         line = line.rstrip()
         if not line:
             return
         self.tail.append(line)
         stage = " ".join(line.split()[:2])
-        if line.startswith("Step ") or stage not in self.stages or time.monotonic() - self.last > 10:
+        first = self.bar is None and stage not in self.stages
+        if line.startswith("Step ") or first or time.monotonic() - self.last > 10:
             self.stages.add(stage)
             self.say(line[:160])
 
+    def close(self, msg: str | None = None) -> None:
+        """Ends the image's line, with ``msg`` when given (safe to call twice)."""
+        if self.bar is None:
+            if msg:
+                self.say(msg)
+        elif not self.bar.disable:
+            if msg:
+                self.bar.set_description_str(msg, refresh=False)
+            self.bar.close()
+
     def fail(self, msg: str) -> RuntimeError:
         """An error carrying the last lines of output."""
+        self.close(f"failed building {self.what}: {msg}")
         return RuntimeError(f"{self.what}: {msg}\n--- last output ---\n" + "\n".join(self.tail))
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(None if kind is None else f"failed building {self.what}")
 
 
 # ---- image directories --------------------------------------------------------------
@@ -425,7 +458,7 @@ def finish(client: docker.DockerClient, tag: str, old: dict | None, progress: Pr
             client.api.remove_image(old["Id"])
         except docker.errors.APIError:
             pass  # still used by a container or a child image
-    progress.say(f"built {tag} ({new[7:19]})")
+    progress.close(f"built {tag} ({new[7:19]}) in {time.monotonic() - progress.start:.1f}s")
     return Built(tag, new, cached=False)
 
 
@@ -451,9 +484,7 @@ def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: st
             old: dict | None, force: bool, offline: bool | None) -> Built:
     """The uncached part of `build`."""
     tag = tag_of(name)
-    progress = Progress(name)
     offline = is_offline(client) if offline is None else offline
-    progress.say(f"building {tag} {'offline' if offline else 'online'}")
     parent = parent_of(dirs[-1])
     own = read_packages(dirs[-1])
     if parent is not None and not (offline and own):
@@ -461,9 +492,11 @@ def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: st
         todo = dirs[-1:]
     else:
         base, todo = None, dirs
-    build_chain(client, todo, tag, digest, progress, base=base, offline=offline, force=force,
-                network="none" if offline else None)
-    return finish(client, tag, old, progress)
+    with Progress(name) as progress:
+        progress.say(f"{tag} {'offline' if offline else 'online'}")
+        build_chain(client, todo, tag, digest, progress, base=base, offline=offline, force=force,
+                    network="none" if offline else None)
+        return finish(client, tag, old, progress)
 
 
 def ensure_image(name: str = "terminal", client: docker.DockerClient | None = None) -> str:
@@ -521,25 +554,24 @@ def build_image(
         old = image_info(client, tag)
         if not force and image_label(old, HASH_LABEL) == digest:
             return tag
-        progress = Progress(tag)
         offline = is_offline(client)
         on = [f"{ref} as {local}" for ref, local in bases.items()] + ([base_ref] if base_ref else [])
-        progress.say(f"building {tag} from {source} on {', '.join(on) or 'its own FROM'} "
-                     f"{'offline' if offline else 'online'}")
         net = "none" if offline and not network else None
-        if offline and ours and read_packages(directory):
-            dirs = chain(image_dir(ours)) + [directory]
-            build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force, network=net)
-        else:
-            args = {**({"OFFLINE": "1"} if offline else {}), "BASE": base_ref} if base_ref else {}
-            with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
-                path = None  # the directory's own Dockerfile; else the rewritten one, sent with the context
-                if text != original or source != directory / "Dockerfile":
-                    path = Path(scratch) / "Dockerfile"
-                    path.write_text(text)
-                docker_build(client, directory, args, progress, tag=tag, labels={HASH_LABEL: digest},
-                             network=net, dockerfile=str(path) if path else None)
-        finish(client, tag, old, progress)
+        with Progress(tag) as progress:
+            progress.say(f"from {source} on {', '.join(on) or 'its own FROM'} {'offline' if offline else 'online'}")
+            if offline and ours and read_packages(directory):
+                dirs = chain(image_dir(ours)) + [directory]
+                build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force, network=net)
+            else:
+                args = {**({"OFFLINE": "1"} if offline else {}), "BASE": base_ref} if base_ref else {}
+                with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
+                    path = None  # the directory's own Dockerfile; else the rewritten one, sent with the context
+                    if text != original or source != directory / "Dockerfile":
+                        path = Path(scratch) / "Dockerfile"
+                        path.write_text(text)
+                    docker_build(client, directory, args, progress, tag=tag, labels={HASH_LABEL: digest},
+                                 network=net, dockerfile=str(path) if path else None)
+            finish(client, tag, old, progress)
     return tag
 
 

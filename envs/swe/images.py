@@ -270,16 +270,16 @@ def build_one(row: dict[str, Any], *, client: docker.DockerClient, offline: bool
     start = time.monotonic()
     row = complete_row(row)
     tag = row["image"]
-    progress = Progress(row["instance_id"])
     with tempfile.TemporaryDirectory(prefix="nextstate-swe-", dir="/var/tmp") as tmp:
         digest = write_context(row, Path(tmp), repo_source=repo_source, ca_bundle=ca_bundle)
         old = image_info(client, tag)
         if not force and image_label(old, HASH_LABEL) == digest:
             assert old is not None
             return SWEBuilt(row["instance_id"], tag, True, time.monotonic() - start, old["Size"])
-        base = base_image(client, spec_of(row)["python"], offline, progress)
-        docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
-    finish(client, tag, old, progress)  # drops the image this one replaced
+        with Progress(row["instance_id"]) as progress:
+            base = base_image(client, spec_of(row)["python"], offline, progress)
+            docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
+            finish(client, tag, old, progress)  # drops the image this one replaced
     return SWEBuilt(row["instance_id"], tag, False, round(time.monotonic() - start, 1),
                     client.api.inspect_image(tag)["Size"])
 
