@@ -3,8 +3,9 @@
 Every :meth:`MetricsLog.log` appends one JSON line ``{"step": k, ...}``,
 writes the scalars to TensorBoard (``<output>/tensorboard``) and redraws
 ``<output>/curves.png`` (matplotlib, Agg backend: no display needed). When
-``STALL_STEPS`` training steps in a row had no sample to train on, it says so
-on stderr, once, with the likely reason and what to try (:func:`no_learning`).
+``STALL_STEPS`` training steps in a row had nothing to learn from (no sample
+kept, or every advantage 0), it says so on stderr, once, with the likely
+reason and what to try (:func:`no_learning`).
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ CURVES = [  # (metric, title) drawn in the PNG, one panel each
 ]
 
 
-STALL_STEPS = 3   # training steps in a row without a trainable sample before the run says so
+STALL_STEPS = 3   # training steps in a row without a learning signal before the run says so
+
+
+def _signal(row: dict[str, Any]) -> bool | None:
+    """Whether a training step had a sample with a nonzero advantage (None: not a training step)."""
+    if not isinstance(row.get("batch/samples"), (int, float)):
+        return None
+    return bool(row["batch/samples"]) and bool(row.get("advantage/std", 1) or row.get("advantage/mean", 1))
 
 
 def no_learning(rows: list[dict[str, Any]], n: int = STALL_STEPS) -> str | None:
-    """One line when the last ``n`` training steps of ``rows`` (metrics rows) had no sample to
-    train on and the step before them had some (so it is said once), else None."""
-    counts = [r["batch/samples"] for r in rows if isinstance(r.get("batch/samples"), (int, float))]
-    if len(counts) < n or any(counts[-n:]) or (len(counts) > n and not counts[-n - 1]):
+    """One line when none of the last ``n`` training steps of ``rows`` (metrics rows) had a
+    sample to learn from (none kept, or every advantage 0) and the step before them had one
+    (so it is said once), with the likely reason and what to try; else None."""
+    signal = [s for s in map(_signal, rows) if s is not None]
+    if len(signal) < n or any(signal[-n:]) or (len(signal) > n and not signal[-n - 1]):
         return None
     last = rows[-1]
     if last.get("episodes") and last.get("aborted") == last.get("episodes"):
@@ -46,13 +55,13 @@ def no_learning(rows: list[dict[str, Any]], n: int = STALL_STEPS) -> str | None:
     elif not last.get("batch/buckets") and last.get("batch/untrainable_steps"):
         why = "no step came with the policy's token ids and log-probs"
     elif last.get("batch/buckets") and last.get("batch/dropped_buckets") == last.get("batch/buckets"):
-        why = "every sample of a task scored alike at each step, so every advantage was 0 and dropped"
+        why = "every sample of a task scored alike at each step, so every advantage was 0"
     else:
-        why = "no step was trainable"
+        why = "no step had a nonzero advantage"
     seen = ", ".join(f"{name} {last[key]:.0%}" for key, name in
                      (("judge/valid_action_rate", "valid actions"), ("outcome/success", "success"))
                      if isinstance(last.get(key), (int, float)))
-    return (f"warning: no trainable sample in the last {n} steps: {why}{f' ({seen})' if seen else ''}. "
+    return (f"warning: nothing to learn from in the last {n} steps: {why}{f' ({seen})' if seen else ''}. "
             "The model is not learning: try a warm start (sft.steps=200 sft.tasks=...) or a model "
             "that already acts in this env (--model).")
 
