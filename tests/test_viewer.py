@@ -227,6 +227,7 @@ def test_evaluate_run_without_rollouts(eval_run):
     assert [(e["task_id"], e["success"], e["outcome"]) for e in over["episodes"]] == \
         [(r["task_id"], r["success"], r["reward"]) for r in results]
     assert index.episode(0)["has_steps"] is False
+    assert index.episode(0)["grade"] == results[0]["outcome"]       # the grader's details, from results.jsonl
 
 
 def test_export_is_one_self_contained_page(run, tmp_path, capsys):
