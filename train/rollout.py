@@ -44,7 +44,7 @@ from envs.base import INFRA_ERRORS, Observation
 from envs.multiagent import MultiAgentEnv
 from envs.pool import EnvCache
 from judges.prm import JudgeRequest, JudgeResult, StepJudge
-from train.config import Config
+from train.config import Config, ConfigError, policy_roles
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +365,20 @@ async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str
     return {"eval/success": sum((t.outcome or 0.0) > 0 for t in done) / len(done) if done else 0.0,
             "eval/outcome": sum(t.outcome or 0.0 for t in done) / len(done) if done else 0.0,
             "eval/episodes": len(done)}
+
+
+def role_router(cfg: Config) -> Router | None:
+    """Who acts in a run's episodes: None when the family is a :class:`MultiAgentEnv` (the env
+    decides), else the one role of a single policy, or planner/executor for those two roles."""
+    roles = [r for rs in policy_roles(cfg).values() for r in rs]
+    if issubclass(env_class(cfg.env.family), MultiAgentEnv):
+        return None
+    if len(roles) == 1:
+        return single_role(roles[0])
+    if set(roles) == {"planner", "executor"}:
+        return planner_executor()
+    raise ConfigError(f"env {cfg.env.family} has one agent: several policies need the roles planner and "
+                      f"executor (got {', '.join(roles)})")
 
 
 def chat_config(cfg: Config) -> ChatConfig:
