@@ -73,6 +73,7 @@ def links(page: Path) -> list[str]:
 
 
 RUNNABLE = [p for p in PAGES if code_blocks(p)]
+SLOW = {"verl.md"}   # over a minute: importing veRL to compose its config
 
 
 def test_the_guides_exist_and_have_runnable_blocks():
@@ -105,9 +106,9 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.docker
-@pytest.mark.slow
 @pytest.mark.timeout(3 * BLOCK_TIMEOUT_S)
-@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW else [])
+                                  for p in RUNNABLE])
 def test_runnable_blocks_run(page: Path, workdir: Path):
     env = {**os.environ, "PYTHONPATH": str(workdir)}
     for block in code_blocks(page):
