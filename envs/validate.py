@@ -37,7 +37,7 @@ def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
         raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())} "
                          "(a family of your own: MODULE:NAME, or NAME for a module of that name)")
     record = registry.spec(family)
-    return record.env_class(), record.check()
+    return record.env_class(), record.check() or check_oracles
 
 
 def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str = "auto",
