@@ -34,7 +34,8 @@ class Check:
 def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
     """The env class and check of ``family`` (from its registry record)."""
     if family not in registry.names():
-        raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())}")
+        raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())} "
+                         "(a family of your own: MODULE:NAME, or NAME for a module of that name)")
     record = registry.spec(family)
     return record.env_class(), record.check() or check_oracles
 
