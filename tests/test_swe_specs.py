@@ -4,6 +4,7 @@ run of them fails (no Docker; the rows and the repository are written here)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -205,3 +206,83 @@ def test_model_name_or_path_is_the_model():
     assert model_name(Served(), "http://127.0.0.1:8000/v1") == "Qwen/Qwen3-8B"
     assert model_name(Local(), "/models/tiny") == "/models/tiny"
     assert model_name("gold", "gold") == "gold"
+
+
+LITE_REPOS = ("astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask",
+              "psf/requests", "pydata/xarray", "pylint-dev/pylint", "pytest-dev/pytest",
+              "scikit-learn/scikit-learn", "sphinx-doc/sphinx", "sympy/sympy")
+
+
+@pytest.fixture(scope="module")
+def swebench4(tmp_path_factory):
+    """swebench 4.1's Python constants module, read from its wheel (swebench 5, installed here, no longer
+    ships the specs). The wheel comes from PyPI with pip; without PyPI the comparison cannot be made."""
+    import importlib.util
+    import sys
+    import zipfile
+
+    folder = tmp_path_factory.mktemp("swebench4")
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "swebench==4.1.0",
+                          "-d", str(folder)], capture_output=True, text=True)
+    wheels = list(folder.glob("swebench-4.1.0-*.whl"))
+    if not wheels:
+        pytest.skip(f"swebench 4.1.0 cannot be downloaded here: {got.stderr.strip()[-300:]}")
+    source = folder / "python.py"
+    source.write_bytes(zipfile.ZipFile(wheels[0]).read("swebench/harness/constants/python.py"))
+    spec = importlib.util.spec_from_file_location("swebench4_constants_python", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # plain data: no imports
+    return module
+
+
+def test_specs_are_swebench_4s_for_every_python_repository(swebench4):
+    """Every Python repository and version of swebench 4.1's table, field for field; Lite's 12 among them."""
+    theirs = {r: v for r, v in swebench4.MAP_REPO_VERSION_TO_SPECS_PY.items() if r != "swe-bench/humaneval"}
+    ours = specs()
+    assert set(LITE_REPOS) <= set(ours) and set(ours) == set(theirs)
+    for repo, versions in theirs.items():
+        assert set(ours[repo]) == set(versions), repo
+        for version, spec in versions.items():
+            mine = dict(ours[repo][version])
+            if "requirements" in mine:  # swebench names the kind, and the paths in a table of its own
+                assert mine.pop("requirements") == swebench4.MAP_REPO_TO_REQS_PATHS[repo]
+                mine["packages"] = "requirements.txt"
+            if "environment" in mine:
+                assert mine.pop("environment") == swebench4.MAP_REPO_TO_ENV_YML_PATHS[repo]
+                mine["packages"] = "environment.yml"
+            assert mine == spec, f"{repo} {version}"
+
+
+@pytest.mark.parametrize("repo", LITE_REPOS)
+def test_a_plain_row_of_every_lite_repository_loads_with_swebench_fields(repo):
+    """The eval script runs the spec's test command on the test patch's files (Django's as modules)."""
+    version = max(specs()[repo], key=lambda v: [int(x) for x in re.findall(r"\d+", v)])
+    row = plain_row("a" * 40, "b" * 40, repo=repo, version=version, instance_id=repo.replace("/", "__") + "-1")
+    [loaded] = load_instances([row])
+    spec = spec_of(row)
+    directive = "test_api" if repo == "django/django" else "tests/test_api.py"
+    assert f"{spec['test_cmd']} {directive}\n" in loaded["eval_script"]
+    assert all(command in loaded["eval_script"] for command in spec.get("eval_commands", []))
+    assert loaded["log_parser"].startswith("parse_log_") and make_test_spec(loaded).instance_id == row["instance_id"]
+
+
+def test_non_python_repositories_are_named_out_of_scope():
+    row = plain_row("a" * 40, "b" * 40, repo="Automattic/wp-calypso", version="10.0",
+                    instance_id="Automattic__wp-calypso-1")
+    with pytest.raises(SpecError, match="Multimodal and Multilingual.*out of scope"):
+        load_instances([row])
+
+
+def test_package_lists_and_conda_environment_files_reach_pip(repo, tmp_path):
+    """swebench's conda ``packages`` are pip-installed; an environment file gives its ``pip:`` list."""
+    source, setup, base = repo
+    requests = spec_of(plain_row(base, setup, repo="psf/requests", version="2.0"))
+    assert "python -m pip install pytest\n" in setup_env_script(requests)
+    work = source / "pallets+flask"
+    (work / "environment.yml").write_text("dependencies:\n  - python=3.10\n  - numpy\n  - pip:\n"
+                                          "    - hypothesis==6.0\n    - -e .\n")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "env")
+    row = plain_row(git(work, "rev-parse", "HEAD"), git(work, "rev-parse", "HEAD"))
+    assert requirements(row, {"environment": ["ci/environment.yml", "environment.yml"]}, str(source)) == \
+        "hypothesis==6.0\n"

@@ -8,7 +8,8 @@ requirements and pins, then the repository in ``/testbed`` at ``base_commit``
 that ``git diff`` shows only later changes. The specs and scripts come from
 :mod:`envs.swe.specs`.
 
-* **Base.** Where a registry answers: ``python:<version>-bookworm``. Where
+* **Base.** Where a registry answers: ``python:<version>-bookworm`` (3.5:
+  ``-buster``, 3.6: ``-bullseye``). Where
   none does: a Debian rootfs made by mmdebstrap/debootstrap from the Debian
   mirror whose suite ships that Python (3.9: bullseye, 3.11: bookworm, 3.13:
   trixie); other versions are refused offline with that said.
@@ -59,6 +60,8 @@ from envs.swe.instances import load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
+#: The newest Debian suite of the official ``python:<version>-<suite>`` images of old Pythons.
+PYTHON_IMAGE_SUITE = {"3.5": "buster", "3.6": "bullseye"}
 OFFLINE_PACKAGES = ["bash", "ca-certificates", "git", "patch", "python3", "python3-venv", "python3-dev",
                     "gcc", "libc6-dev", "make", "procps"]
 REQUIREMENT_SKIP = ("-e .", "#", ".[test")
@@ -139,7 +142,10 @@ def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None
 
 
 def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) -> str:
-    """The spec's requirements file at the environment setup commit, ``-r`` includes inlined."""
+    """The spec's requirements file at the environment setup commit, ``-r`` includes inlined (for a
+    conda ``environment`` file: its ``pip:`` list; the conda packages are the spec's ``pip_packages``)."""
+    if spec.get("environment"):
+        return environment_pip(row, spec["environment"], source)
     paths = spec.get("requirements") or []
     if not paths:
         return ""
@@ -163,12 +169,30 @@ def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) 
     return "\n".join(lines) + "\n"
 
 
+def environment_pip(row: dict[str, Any], paths: list[str], source: str | None) -> str:
+    """The ``pip:`` list of the first conda environment file of ``paths`` at the setup commit."""
+    import yaml
+
+    commit = row.get("environment_setup_commit") or row["base_commit"]
+    for path in paths:
+        text = read_at(row["repo"], source, commit, path)
+        if text is not None:
+            break
+    else:
+        raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
+                        f"at {commit[:12]}")
+    deps = (yaml.safe_load(text) or {}).get("dependencies") or []
+    pip = next((d["pip"] for d in deps if isinstance(d, dict) and "pip" in d), [])
+    return "".join(f"{line}\n" for line in pip if not str(line).startswith(REQUIREMENT_SKIP))
+
+
 # ---- the build scripts --------------------------------------------------------------------
 
 
 def setup_env_script(spec: dict[str, Any]) -> str:
     """Creates the testbed venv, the conda stand-in, and installs requirements and pins."""
     pins = " ".join(shlex.quote(p) for p in spec.get("pip_packages", []))
+    packages = spec.get("packages", "")  # conda's package list in swebench; the same names on PyPI
     return "\n".join([
         "set -euxo pipefail",
         TRUST_CA,
@@ -180,6 +204,7 @@ def setup_env_script(spec: dict[str, Any]) -> str:
         "python -m pip install -q --upgrade pip",  # the distro's pip predates pyproject-only packages
         "if [ -s /nextstate-build/requirements.txt ]; then "
         "python -m pip install -r /nextstate-build/requirements.txt; fi",
+        *([f"python -m pip install {packages}"] if packages else []),
         *([f"python -m pip install {pins}"] if pins else []),
         f"echo '{ACTIVATE}' >> /root/.bashrc",
     ]) + "\n"
@@ -256,7 +281,7 @@ def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None,
 def base_image(client: docker.DockerClient, python: str, offline: bool, progress: Progress) -> str:
     """The image to build on: ``python:<v>-bookworm`` online, a Debian rootfs with that Python offline."""
     if not offline:
-        return f"python:{python}-bookworm"
+        return f"python:{python}-{PYTHON_IMAGE_SUITE.get(python, 'bookworm')}"
     suite = DEBIAN_PYTHON.get(python)
     if suite is None:
         raise SpecError(f"Python {python} is in no Debian suite this builder knows ({', '.join(DEBIAN_PYTHON)}), "
