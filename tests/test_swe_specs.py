@@ -286,3 +286,68 @@ def test_package_lists_and_conda_environment_files_reach_pip(repo, tmp_path):
     row = plain_row(git(work, "rev-parse", "HEAD"), git(work, "rev-parse", "HEAD"))
     assert requirements(row, {"environment": ["ci/environment.yml", "environment.yml"]}, str(source)) == \
         "hypothesis==6.0\n"
+
+
+def test_ids_choose_rows_before_specs_are_needed(tmp_path):
+    """`--ids` on a file whose other rows have no spec (R2E-Gym, an unlisted repo): the chosen row loads."""
+    rows = tmp_path / "rows.jsonl"
+    good = plain_row("a" * 40, "b" * 40)
+    rows.write_text("\n".join(json.dumps(r) for r in (
+        good, {**good, "instance_id": "getmoto__moto-1", "repo": "getmoto/moto", "version": "4.1"},
+        {"docker_image": "namanjain12/orange3_final:abc", "parsed_commit_content": "{}"})) + "\n")
+    assert [r["instance_id"] for r in load_instances(str(rows), ["pallets__flask-1"])] == ["pallets__flask-1"]
+    with pytest.raises(SpecError, match="getmoto/moto"):
+        load_instances(str(rows), ["getmoto__moto-1"])
+    with pytest.raises(ValueError, match="unknown instance ids .*: nope"):
+        load_instances(str(rows), ["nope"])
+
+
+def test_export_writes_rows_swebenchs_own_harness_reads(tmp_path):
+    """`python -m containers export-swe`: the completed rows load with swebench's own loader and make_test_spec,
+    which fail on the plain rows (KeyError: 'image')."""
+    from swebench.harness.utils import load_swebench_dataset
+    from swebench.harness.utils import make_test_spec as swebench_test_spec
+
+    from containers.__main__ import main
+
+    plain, out = tmp_path / "lite.jsonl", tmp_path / "lite.harness.jsonl"
+    plain.write_text(json.dumps(plain_row("a" * 40, "b" * 40)) + "\n"
+                     + json.dumps(plain_row("a" * 40, "b" * 40, repo="getmoto/moto", instance_id="m-1")) + "\n")
+    with pytest.raises(KeyError, match="image"):
+        swebench_test_spec(load_swebench_dataset(str(plain))[0])
+    assert main(["export-swe", "--tasks", str(plain), "--ids", "pallets__flask-1", "--out", str(out)]) == 0
+    [row] = load_swebench_dataset(str(out))
+    spec = swebench_test_spec(row)
+    assert spec.image == "sweb.eval.x86_64.pallets__flask-1:latest" and "pytest -rA tests/test_api.py" in spec.eval_script
+
+
+def test_the_repository_source_is_no_part_of_an_images_identity(repo, tmp_path, monkeypatch):
+    """The context of a build from a local source and of one from GitHub hash alike. GitHub can't be
+    reached here: its raw file reads are served from the same local repository (a stand-in)."""
+    import envs.swe.images as images
+
+    source, setup, base = repo
+    row = complete_row(plain_row(base, setup))
+    local = tmp_path / "local"
+    local.mkdir()
+    from_local = write_context(row, local, repo_source=str(source), ca_bundle=None)
+    read_local = images.read_at
+    monkeypatch.setattr(images, "read_at", lambda r, s, c, p: read_local(r, str(source), c, p))
+    github = tmp_path / "github"
+    github.mkdir()
+    assert write_context(row, github, repo_source=None, ca_bundle=None) == from_local
+    assert "https://github.com/pallets/flask" in (github / "setup_repo.sh").read_text()
+
+
+def test_a_grade_names_network_failures():
+    from envs.swe.grading import Grade, _with_network
+
+    log = ("FAILED tests/test_requests.py::test_HTTP_200_OK_GET - requests.exceptions.ConnectionError: "
+           "HTTPConnectionPool(host='httpbin.org', port=80): Max retries exceeded (Caused by NewConnectionError("
+           "'Failed to establish a new connection: [Errno -3] Temporary failure in name resolution'))")
+    graded = _with_network(Grade(False, "some tests fail"), log)
+    assert graded.network_failure and "need the internet" in graded.reason
+    assert "Temporary failure in name resolution" in graded.reason
+    assert _with_network(Grade(False, "some tests fail"), "FAILED tests/x.py::t - assert 1 == 2").reason == \
+        "some tests fail"
+    assert _with_network(Grade(True), log).reason is None  # a resolved grade is not blamed on anything

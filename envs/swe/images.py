@@ -29,6 +29,8 @@ that ``git diff`` shows only later changes. The specs and scripts come from
   trusts is trusted in the build too.
 
 Images carry a hash of their build inputs and are not rebuilt while it matches.
+Where the repository came from is no input: an image built with
+``--repo-source`` stays current for a later ``build-swe`` without it.
 """
 
 from __future__ import annotations
@@ -266,12 +268,13 @@ def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None,
     (folder / "setup_repo.sh").write_text(setup_repo_script(row, spec, local is not None))
     (folder / "ca.crt").write_bytes(ca_bundle.read_bytes() if ca_bundle else b"")
     digest = hashlib.sha256()
-    for name in ("Dockerfile", "setup_env.sh", "requirements.txt", "setup_repo.sh"):
+    for name in ("Dockerfile", "setup_env.sh", "requirements.txt"):
         digest.update((folder / name).read_bytes())
+    # the image's identity is the repository at base_commit, not where it was cloned from
+    digest.update(setup_repo_script(row, spec, local=False).encode())
     if local is not None:
         subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(local), str(folder / "repo.git")],
                        check=True, capture_output=True)
-        digest.update(b"local")
     return digest.hexdigest()[:32]
 
 
@@ -350,17 +353,28 @@ def add_command(subparsers: Any) -> None:
                    "from PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE or Debian's)")
     s.add_argument("--force", action="store_true", help="rebuild even when up to date")
     s.set_defaults(func=_cmd_build_swe)
+    e = subparsers.add_parser("export-swe", help="write the rows completed with the fields swebench's harness "
+                              "reads (image, eval_script, log_parser, eval_type), for `python -m "
+                              "swebench.harness.run_evaluation --dataset_name OUT`")
+    e.add_argument("--tasks", required=True, help="rows in SWE-bench's schema: .jsonl, .json or .parquet")
+    e.add_argument("--ids", help="comma-separated instance ids (default: every row)")
+    e.add_argument("--out", required=True, help="the .jsonl file to write")
+    e.set_defaults(func=_cmd_export_swe)
+
+
+def _cmd_export_swe(args: argparse.Namespace) -> int:
+    """Writes the completed rows as JSON lines."""
+    rows = load_instances(args.tasks, args.ids.split(",") if args.ids else None)
+    with open(args.out, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    print(f"{len(rows)} rows with image, eval_script, log_parser and eval_type written to {args.out}")
+    return 0
 
 
 def _cmd_build_swe(args: argparse.Namespace) -> int:
     """Builds SWE-bench instance images from dataset rows; exits 1 if any build failed."""
-    rows = load_instances(args.tasks)
-    if args.ids:
-        wanted = set(args.ids.split(","))
-        unknown = sorted(wanted - {r["instance_id"] for r in rows})
-        if unknown:
-            raise ValueError(f"unknown instance ids in {args.tasks}: {', '.join(unknown)}")
-        rows = [r for r in rows if r["instance_id"] in wanted]
+    rows = load_instances(args.tasks, args.ids.split(",") if args.ids else None)
     failed = 0
     for built in build_swe(rows, client=connect(args.host), parallel=args.parallel, repo_source=args.repo_source,
                            ca_bundle=args.ca_bundle, force=args.force):
