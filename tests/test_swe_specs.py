@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe.images import (CONDA_STANDIN, ca_bundle_path, repo_path, requirements, setup_env_script,
+from containers.build import host_ca_bundle
+from envs.swe.images import (CONDA_STANDIN, repo_path, requirements, setup_env_script,
                                    setup_repo_script, write_context)
 from envs.swe import instance_task
 from envs.swe import test_command as eval_test_command
@@ -152,9 +153,9 @@ def test_build_context_clones_from_the_source_and_trusts_the_ca(repo, tmp_path):
     row = complete_row(plain_row(base, setup))
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
-    assert ca_bundle_path(str(bundle)) == bundle
-    with pytest.raises(SpecError, match="no such file"):
-        ca_bundle_path(str(tmp_path / "missing.pem"))
+    assert host_ca_bundle(str(bundle)) == bundle
+    with pytest.raises(ValueError, match="no such file"):
+        host_ca_bundle(str(tmp_path / "missing.pem"))
     context = tmp_path / "ctx"
     context.mkdir()
     digest = write_context(row, context, repo_source=str(source), ca_bundle=bundle)

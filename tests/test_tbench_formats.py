@@ -202,3 +202,45 @@ def test_training_config_sets_user_and_tmux() -> None:
     assert env_kwargs(load_config("terminal")) == {}
     cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
     assert env_kwargs(cfg) == {"user": "root", "tmux": True}
+
+
+def _play(script: str, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
+    """Runs a tmux script on this machine with a tmux server of its own."""
+    import subprocess
+
+    env = {**__import__("os").environ, "TMUX_TMPDIR": str(tmp_path)}
+    try:
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
+def test_a_blocking_solution_step_signals_on_its_own_line(tmp_path: Path) -> None:
+    """terminal-bench types ``; tmux wait-for -S`` on the command's line: bash runs it and the wait ends."""
+    from envs.terminal.env import solution_keys_script
+
+    out = tmp_path / "out"
+    steps = [{"command": f"echo one > {out}", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
+              "max_timeout_sec": 60.0},
+             {"command": f"echo two >> {out}", "block": False, "append_enter": True, "min_timeout_sec": 0.5,
+              "max_timeout_sec": 60.0}]
+    ran = _play(solution_keys_script(steps, 90), tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "syntax error" not in ran.stdout and out.read_text().split() == ["one", "two"]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
+def test_a_solution_step_past_its_time_is_interrupted_and_stops_the_rest(tmp_path: Path) -> None:
+    from envs.terminal.env import solution_keys_script
+
+    late = tmp_path / "late"
+    steps = [{"command": "sleep 301; echo finished", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
+              "max_timeout_sec": 2.0},
+             {"command": f"touch {late}", "block": False, "append_enter": True, "min_timeout_sec": 0.5,
+              "max_timeout_sec": 60.0}]
+    ran = _play(solution_keys_script(steps, 90) + "\nrc=$?; sleep 0.5; tmux capture-pane -p -t ns; exit $rc",
+                tmp_path)
+    assert ran.returncode == 124 and "step 1 did not finish in time" in ran.stderr
+    assert "^C" in ran.stdout and "finished" not in ran.stdout.replace("echo finished", "")
+    assert not late.exists()  # the next step was not typed

@@ -56,8 +56,8 @@ import docker
 from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
 
 from containers import connect
-from containers.build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
-                              rootfs_image)
+from containers.build import (HASH_LABEL, Progress, docker_build, finish, host_ca_bundle, image_info, image_label,
+                              is_offline, rootfs_image)
 from envs.swe.instances import load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
@@ -67,8 +67,6 @@ PYTHON_IMAGE_SUITE = {"3.5": "buster", "3.6": "bullseye"}
 OFFLINE_PACKAGES = ["bash", "ca-certificates", "git", "patch", "python3", "python3-venv", "python3-dev",
                     "gcc", "libc6-dev", "make", "procps"]
 REQUIREMENT_SKIP = ("-e .", "#", ".[test")
-CA_DEFAULTS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
-DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 TRUST_CA = ("export PIP_DISABLE_PIP_VERSION_CHECK=1; if [ -s /nextstate-build/ca.crt ]; then "
             "export PIP_CERT=/nextstate-build/ca.crt GIT_SSL_CAINFO=/nextstate-build/ca.crt; fi")
@@ -246,18 +244,6 @@ def setup_repo_script(row: dict[str, Any], spec: dict[str, Any], local: bool) ->
     ]) + "\n"
 
 
-def ca_bundle_path(explicit: str | None = None) -> Path | None:
-    """The CA bundle to trust inside builds: ``explicit``, else the host's pip/requests/OpenSSL bundle."""
-    if explicit:
-        if not Path(explicit).is_file():
-            raise SpecError(f"--ca-bundle {explicit}: no such file")
-        return Path(explicit)
-    for candidate in (*(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
 def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None, ca_bundle: Path | None) -> str:
     """Writes the build context of one instance into ``folder``; returns a hash of its inputs."""
     spec = spec_of(row)
@@ -323,7 +309,7 @@ def build_swe(rows: list[dict[str, Any]], *, client: docker.DockerClient, parall
         complete_row(row)
         spec_of(row)
     offline = is_offline(client) if offline is None else offline
-    bundle = ca_bundle_path(ca_bundle)
+    bundle = host_ca_bundle(ca_bundle)
 
     def one(row: dict[str, Any]) -> SWEBuilt:
         start = time.monotonic()

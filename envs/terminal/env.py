@@ -26,6 +26,7 @@ TEST_LOG = "/tmp/test-output.log"
 REWARD_DIR = "/logs/verifier"
 DEFAULT_TEST_TIMEOUT = 60.0
 TMUX_SESSION = "ns"
+ENTER_KEYS = ("Enter", "C-m", "KPEnter")
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) +(\S+)", re.M)
 _TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
@@ -184,6 +185,16 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
 
 
 # -- tmux ------------------------------------------------------------------------------------
+def _typed(keys: list[str], block: bool) -> list[str]:
+    """``keys`` for ``tmux send-keys``; a blocking command line ends ``; tmux wait-for -S ...`` on the same
+    line, before its Enter (as terminal-bench's harness types it)."""
+    if not block:
+        return keys
+    while keys and keys[-1] in ENTER_KEYS:
+        keys = keys[:-1]
+    return [*keys, f"; tmux wait-for -S {TMUX_SESSION}-done", "Enter"]
+
+
 def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, timeout: float = 30.0,
                 capture: bool = True) -> str:
     """Shell that types ``keys`` into the sandbox's tmux pane (made on first use) and prints the screen.
@@ -193,21 +204,33 @@ def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, time
     wait until it finishes (at most ``timeout`` s) instead of ``wait`` s.
     """
     s = TMUX_SESSION
-    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1"]
-    if block:
-        keys = [*keys, f"; tmux wait-for -S {s}-done", "Enter"]
-    lines.append(f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in keys)}")
-    lines.append(f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}")
+    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1",
+             f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in _typed(keys, block))}",
+             f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}"]
     if capture:
         lines.append(f"tmux capture-pane -p -t {s} | sed -e :a -e '/^\\n*$/{{$d;N;ba' -e '}}'")
     return "(\n" + "\n".join(lines) + "\n)"  # a subshell: `exit` must not end the sandbox's shell
 
 
-def solution_keys_script(steps: list[dict[str, Any]]) -> str:
-    """Shell that plays terminal-bench's ``solution.yaml`` in the tmux pane."""
-    parts = [tmux_script([s["command"], *(["Enter"] if s["append_enter"] else [])], wait=s["min_timeout_sec"],
-                         block=s["block"], timeout=s["max_timeout_sec"], capture=False) for s in steps]
-    return "\n".join(parts) + f"\ntmux capture-pane -p -t {TMUX_SESSION}"
+def solution_keys_script(steps: list[dict[str, Any]], timeout: float) -> str:
+    """Shell that plays terminal-bench's ``solution.yaml`` in the tmux pane within ``timeout`` s: a blocking
+    step that does not finish in time (its ``max_timeout_sec`` or what is left) is interrupted with C-c,
+    and the steps after it are not typed (exit 124)."""
+    s = TMUX_SESSION
+    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1",
+             f"end=$((SECONDS + {int(timeout)}))"]
+    for i, step in enumerate(steps, 1):
+        keys = [step["command"], *(["Enter"] if step["append_enter"] else [])]
+        lines.append(f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in _typed(keys, step['block']))}")
+        if step["block"]:
+            most = max(1, int(step["max_timeout_sec"]))
+            lines.append(f"t=$((end - SECONDS)); [ $t -gt {most} ] && t={most}; [ $t -lt 1 ] && t=1")
+            lines.append(f"timeout $t tmux wait-for {s}-done || {{ tmux send-keys -t {s} C-c; "
+                         f"echo 'solution.yaml step {i} did not finish in time: interrupted' >&2; exit 124; }}")
+        else:
+            lines.append(f"sleep {step['min_timeout_sec']:g}")
+    lines.append(f"tmux capture-pane -p -t {s}")
+    return "(\n" + "\n".join(lines) + "\n)"
 
 
 TMUX_TOOL = tool_schema(
@@ -295,7 +318,7 @@ class TerminalEnv(NextStateEnv):
             overrides["user"] = str(user)
         if task.data.get("env"):
             overrides["env"] = dict(task.data["env"])
-        for key in ("memory", "cpus"):
+        for key in ("memory", "cpus", "disk", "workdir"):
             if task.data.get(key):
                 overrides[key] = task.data[key]
         return overrides
@@ -352,9 +375,10 @@ class TerminalEnv(NextStateEnv):
         timeout = float(task.data.get("max_agent_timeout_sec") or 600)
         if task.data.get("solution_keys"):
             steps = task.data["solution_keys"]
-            budget = sum(s["max_timeout_sec"] if s["block"] else s["min_timeout_sec"] for s in steps) + 30
-            return [{"name": "bash", "arguments": {"command": solution_keys_script(steps),
-                                                   "timeout": min(budget, timeout)}}, finish]
+            budget = min(sum(s["max_timeout_sec"] if s["block"] else s["min_timeout_sec"] for s in steps) + 30,
+                         timeout)
+            return [{"name": "bash", "arguments": {"command": solution_keys_script(steps, budget),
+                                                   "timeout": budget + 15}}, finish]
         if not task.data.get("solution"):
             name = "solution/solve.sh" if task.data.get("format") == "harbor" else "solution.sh or solution.yaml"
             raise ValueError(f"task {task.id} has no {name}")
