@@ -64,6 +64,7 @@ BUILD_FAILURES = (
      r"Failed to establish a new connection|Name or service not known|Could not connect to)",
      "the build had no network"),
     (r"No space left on device", "the disk is full"),
+    (r"externally-managed-environment", "pip refused the system Python (PEP 668: externally managed)"),
 )
 SKIP = {"__pycache__", ".git"}
 

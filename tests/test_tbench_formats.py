@@ -244,3 +244,99 @@ def test_a_solution_step_past_its_time_is_interrupted_and_stops_the_rest(tmp_pat
     assert ran.returncode == 124 and "step 1 did not finish in time" in ran.stderr
     assert "^C" in ran.stdout and "finished" not in ran.stdout.replace("echo finished", "")
     assert not late.exists()  # the next step was not typed
+
+
+def test_the_test_fallback_has_its_own_time_limit(tmp_path: Path) -> None:
+    """A run-tests.sh that downloads, with no network: the fallback pytest gets its own limit, not the
+    task's 2 s the script spent, and passes; a timed-out run says so plainly."""
+    from containers.sandbox import LocalSandbox, SandboxSpec
+    from envs.terminal.env import grade_terminal_task
+
+    task_dir = tmp_path / "slow-tests"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.yaml").write_text("instruction: Nothing to do.\nmax_test_timeout_sec: 2\n")
+    (task_dir / "run-tests.sh").write_text("pip install nothing-here-offline\nsleep 30\n")
+    (task_dir / "tests" / "test_outputs.py").write_text("import time\n\ndef test_slow():\n    time.sleep(3)\n")
+    [task] = load_terminal_tasks(task_dir)
+    sandbox = LocalSandbox(SandboxSpec(network=False, workdir="/tmp"))
+    try:
+        outcome = grade_terminal_task(sandbox, task)
+    finally:
+        sandbox.close()
+    assert outcome.reward == 1.0, outcome.details
+    assert "ran `python3 -m pytest $TEST_DIR/test_outputs.py -rA` instead" in outcome.details["tests_fallback"]
+
+
+def test_harbor_build_timeout_storage_and_workdir_are_honoured(tmp_path: Path) -> None:
+    d = tmp_path / "harbor-sized"
+    (d / "tests").mkdir(parents=True)
+    (d / "instruction.md").write_text("Do it.\n")
+    (d / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (d / "task.toml").write_text('version = "1.0"\n[environment]\nbuild_timeout_sec = 900.0\nstorage_mb = 10240\n'
+                                 'workdir = "/srv/work"\nmemory = "4G"\n')
+    [task] = load_terminal_tasks(d)
+    assert (task.data["build_timeout"], task.data["disk"], task.data["memory"]) == (900.0, "10240m", "4g")
+    env = TerminalEnv(d, backend="local")
+    try:
+        overrides = env.sandbox_overrides(task)
+    finally:
+        env.close()
+    assert (overrides["disk"], overrides["workdir"], overrides["memory"]) == ("10240m", "/srv/work", "4g")
+
+
+def test_a_failed_build_says_why() -> None:
+    from containers.build import failure_reason
+
+    assert failure_reason(["Step 3/4 : RUN apt-get install -y tmux asciinema",
+                           "E: Unable to locate package asciinema",
+                           "The command '/bin/sh -c apt-get install -y tmux asciinema' returned a non-zero code: 100"]
+                          ) == "apt-get found no package asciinema"
+    assert failure_reason(["ERROR: No matching distribution found for pytest==8.4.1"]) == \
+        "pip found no package pytest==8.4.1"
+    assert failure_reason(["Err:1 http://deb.debian.org/debian bookworm InRelease",
+                           "  Temporary failure resolving 'deb.debian.org'"]) == "the build had no network"
+    assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
+    assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
+        "`/bin/sh -c make` exited with 2"
+
+
+def test_builds_get_the_network_while_registries_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the image registry: the package registries decide; a user can still ask for none."""
+    import containers.build as build
+
+    monkeypatch.setattr(build, "registries_answer", lambda: True)
+    assert build.build_network() is None and build.build_network(allowed=False) == "none"
+    monkeypatch.setenv("NEXTSTATE_BUILD_NETWORK", "none")
+    assert build.build_network() == "none"
+    monkeypatch.delenv("NEXTSTATE_BUILD_NETWORK")
+    monkeypatch.setattr(build, "registries_answer", lambda: False)
+    assert build.build_network() == "none"
+    text = build.trusting_host_ca("FROM a AS one\nRUN x\nFROM one\nRUN pip install y\n", "ca.crt")
+    assert text.count(f"COPY ca.crt {build.BUILD_CA}") == 2 and f"ARG PIP_CERT={build.BUILD_CA}" in text
+
+
+@pytest.mark.docker
+def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_image: str, tmp_path: Path,
+                                                                      docker_client) -> None:
+    """A Dockerfile's pip install works where PyPI answers, whatever the image registries do (the host's CA
+    bundle trusted, not left in the image's environment); a missing package is named."""
+    from containers.build import registries_answer
+
+    if not registries_answer():
+        pytest.skip("no package registry answers here")
+    (tmp_path / "Dockerfile").write_text("ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nUSER root\n"
+                                         "RUN python3 -m pip download --no-deps -q -d /opt/got six\n")
+    tag = f"nextstate-test/pip-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        out = docker_client.containers.run(tag, ["sh", "-c", "ls /opt/got; env"], remove=True).decode()
+        assert "six-" in out and "PIP_CERT" not in out
+        (tmp_path / "Dockerfile").write_text("ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nUSER root\n"
+                                             "RUN python3 -m pip install --break-system-packages nextstate-no-such-package-0\n")
+        with pytest.raises(RuntimeError, match="failed: pip found no package nextstate-no-such-package-0"):
+            build_image(tmp_path, tag, client=docker_client)
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass

@@ -25,6 +25,8 @@ FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
 REWARD_DIR = "/logs/verifier"
 DEFAULT_TEST_TIMEOUT = 60.0
+#: The fallback's own time limit (at least the task's): the task's script may have spent the task's on installing.
+FALLBACK_TEST_TIMEOUT = 120.0
 TMUX_SESSION = "ns"
 ENTER_KEYS = ("Enter", "C-m", "KPEnter")
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) +(\S+)", re.M)
@@ -140,21 +142,22 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
 
-    def run_tests(command: str) -> CommandResult:
+    def run_tests(command: str, limit: float) -> CommandResult:
         return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
-                           f">{TEST_LOG} 2>&1", timeout=timeout)
+                           f">{TEST_LOG} 2>&1", timeout=limit)
 
     script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
     fallback = _fallback_command(sandbox, task)
     run = None
     if data.get("run_tests") is not None:
-        run = run_tests(f"bash --noprofile --norc {script}")
+        run = run_tests(f"bash --noprofile --norc {script}", timeout)
         if fallback and not (run.timed_out or sandbox.run(
                 f"grep -qE {shlex.quote(_PYTEST_RAN)} {TEST_LOG}", timeout=30).exit_code):
             fallback = None  # the script ran its tests after all
     if fallback:
         sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
-        run = run_tests(fallback[0])
+        timeout = max(timeout, FALLBACK_TEST_TIMEOUT)
+        run = run_tests(fallback[0], timeout)
     assert run is not None
     # Only the last summary section counts: output the agent's code printed comes before it.
     summary = sandbox.run(f"tac {TEST_LOG} | sed '/short test summary info/q' | tac", timeout=30)
@@ -169,6 +172,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details.update(extra)
         if reward is None or not math.isfinite(reward):
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            if run.timed_out:
+                details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
             details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
@@ -178,8 +183,9 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     if passed < len(tests) or not tests:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
     if not tests:
-        why = "the tests timed out" if run.timed_out else f"the test script exited with {run.exit_code}"
-        details["reason"] = f"no pytest results found ({why})"
+        why = (f"the tests timed out after {timeout:g} s" if run.timed_out
+               else f"the test script exited with {run.exit_code}")
+        details["reason"] = f"no pytest results found: {why}"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
 
