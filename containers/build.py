@@ -53,16 +53,17 @@ BUILD_CA = "/usr/local/share/nextstate/host-ca.crt"
 # build ARGs, so they reach every RUN and stay out of the image's environment.
 CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
                 "NODE_EXTRA_CA_CERTS")
-# Why a build failed, read from its output: (pattern, reason; {0} is the pattern's first group).
+# Why a build failed, read from its output: (pattern, reason; {0} is the pattern's first group); the first
+# that matches wins, so a package "not found" for want of a network reads as no network.
 BUILD_FAILURES = (
-    (r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate",
-     "apt-get found no package {0}"),
-    (r"No matching distribution found for (\S+)", "pip found no package {0}"),
     (r"(?:CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem)",
      "a TLS certificate was not trusted (a TLS-inspecting proxy? its CA must be in the host's bundle)"),
     (r"(?:Temporary failure (?:resolving|in name resolution)|Could not resolve host|Network is unreachable|"
      r"Failed to establish a new connection|Name or service not known|Could not connect to)",
      "the build had no network"),
+    (r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate",
+     "apt-get found no package {0}"),
+    (r"No matching distribution found for (\S+)", "pip found no package {0}"),
     (r"No space left on device", "the disk is full"),
     (r"externally-managed-environment", "pip refused the system Python (PEP 668: externally managed)"),
 )
@@ -278,12 +279,16 @@ def is_offline(client: docker.DockerClient) -> bool:
     return not (result and result[0])
 
 
-@functools.cache
 def registries_answer() -> bool:
-    """Whether a package registry (:data:`PACKAGE_REGISTRIES`) answers from here (once per process;
+    """Whether a package registry (:data:`PACKAGE_REGISTRIES`) answers from here (asked once per process;
     ``NEXTSTATE_OFFLINE=1``: no)."""
     if os.environ.get("NEXTSTATE_OFFLINE", "").strip().lower() in {"1", "true", "yes"}:
         return False
+    return _registries_answer()
+
+
+@functools.cache
+def _registries_answer() -> bool:
     for url in PACKAGE_REGISTRIES:
         try:
             with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10):

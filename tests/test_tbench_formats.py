@@ -293,6 +293,9 @@ def test_a_failed_build_says_why() -> None:
                           ) == "apt-get found no package asciinema"
     assert failure_reason(["ERROR: No matching distribution found for pytest==8.4.1"]) == \
         "pip found no package pytest==8.4.1"
+    assert failure_reason(["WARNING: Retrying ... NewConnectionError('Failed to establish a new connection: "
+                           "[Errno -3] Temporary failure in name resolution')",
+                           "ERROR: No matching distribution found for six"]) == "the build had no network"
     assert failure_reason(["Err:1 http://deb.debian.org/debian bookworm InRelease",
                            "  Temporary failure resolving 'deb.debian.org'"]) == "the build had no network"
     assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
