@@ -30,12 +30,12 @@ class Check:
     task_id: str
     ok: bool
     reason: str = ""
-    seconds: float = 0.0
+    seconds: float | None = None  # None: never ran (it could not be loaded)
 
     def line(self) -> str:
         """``ok   ID  (12.3 s)`` or ``FAIL ID  (12.3 s): reason``."""
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.task_id}  ({self.seconds:.1f} s)" + (
-            "" if self.ok else f": {self.reason}")
+        took = "" if self.seconds is None else f"  ({self.seconds:.1f} s)"
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.task_id}{took}" + ("" if self.ok else f": {self.reason}")
 
 
 def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:

@@ -141,6 +141,17 @@ def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None
         return None
 
 
+def first_file(row: dict[str, Any], paths: list[str], source: str | None) -> tuple[str, str]:
+    """The first of ``paths`` that exists in the row's repository at its setup commit, and its text."""
+    commit = row.get("environment_setup_commit") or row["base_commit"]
+    for path in paths:
+        text = read_at(row["repo"], source, commit, path)
+        if text is not None:
+            return path, text
+    raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
+                    f"at {commit[:12]}")
+
+
 def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) -> str:
     """The spec's requirements file at the environment setup commit, ``-r`` includes inlined (for a
     conda ``environment`` file: its ``pip:`` list; the conda packages are the spec's ``pip_packages``)."""
@@ -150,13 +161,7 @@ def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) 
     if not paths:
         return ""
     commit = row.get("environment_setup_commit") or row["base_commit"]
-    for path in paths:
-        text = read_at(row["repo"], source, commit, path)
-        if text is not None:
-            break
-    else:
-        raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
-                        f"at {commit[:12]}")
+    path, text = first_file(row, paths, source)
     folder = os.path.dirname(path)
     lines = []
     for line in text.splitlines():
@@ -173,14 +178,7 @@ def environment_pip(row: dict[str, Any], paths: list[str], source: str | None) -
     """The ``pip:`` list of the first conda environment file of ``paths`` at the setup commit."""
     import yaml
 
-    commit = row.get("environment_setup_commit") or row["base_commit"]
-    for path in paths:
-        text = read_at(row["repo"], source, commit, path)
-        if text is not None:
-            break
-    else:
-        raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
-                        f"at {commit[:12]}")
+    _, text = first_file(row, paths, source)
     deps = (yaml.safe_load(text) or {}).get("dependencies") or []
     pip = next((d["pip"] for d in deps if isinstance(d, dict) and "pip" in d), [])
     return "".join(f"{line}\n" for line in pip if not str(line).startswith(REQUIREMENT_SKIP))
