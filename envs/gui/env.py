@@ -28,7 +28,8 @@ Actions, in any of these forms (see :meth:`GUIEnv.parse`):
   as ``{"action": "click", "x": .., "y": ..}``) and ``pyautogui`` (``{"code"}``).
 
 ``DONE`` ends the episode and grades it; ``FAIL`` ends it saying the task is
-infeasible (right only for OSWorld's infeasible tasks).
+infeasible (right only for OSWorld's infeasible tasks). The outcome is ``2s - 1``
+of the task's score ``s`` in [0, 1], in [-1, 1] as in every family.
 ``info["next_state"]`` carries ``screenshot_before``/``screenshot_after``
 (PNG bytes; the rollout recorder saves them as PNG files) and the code that ran.
 
