@@ -246,25 +246,23 @@ def test_a_solution_step_past_its_time_is_interrupted_and_stops_the_rest(tmp_pat
     assert not late.exists()  # the next step was not typed
 
 
-def test_the_test_fallback_has_its_own_time_limit(tmp_path: Path) -> None:
+@pytest.mark.docker
+def test_the_test_fallback_has_its_own_time_limit(tmp_path: Path, terminal_image: str) -> None:
     """A run-tests.sh that downloads, with no network: the fallback pytest gets its own limit, not the
-    task's 2 s the script spent, and passes; a timed-out run says so plainly."""
-    from containers.sandbox import LocalSandbox, SandboxSpec
-    from envs.terminal.env import grade_terminal_task
-
+    task's 2 s the script spent, and passes."""
     task_dir = tmp_path / "slow-tests"
     (task_dir / "tests").mkdir(parents=True)
     (task_dir / "task.yaml").write_text("instruction: Nothing to do.\nmax_test_timeout_sec: 2\n")
     (task_dir / "run-tests.sh").write_text("pip install nothing-here-offline\nsleep 30\n")
     (task_dir / "tests" / "test_outputs.py").write_text("import time\n\ndef test_slow():\n    time.sleep(3)\n")
-    [task] = load_terminal_tasks(task_dir)
-    sandbox = LocalSandbox(SandboxSpec(network=False, workdir="/tmp"))
+    env = TerminalEnv(task_dir, backend="docker")
     try:
-        outcome = grade_terminal_task(sandbox, task)
+        env.reset(options={"task": "slow-tests"})
+        _, reward, done, _, info = env.step(call("finish"))
     finally:
-        sandbox.close()
-    assert outcome.reward == 1.0, outcome.details
-    assert "ran `python3 -m pytest $TEST_DIR/test_outputs.py -rA` instead" in outcome.details["tests_fallback"]
+        env.close()
+    assert done and reward == 1.0, info["outcome"]
+    assert "ran `python3 -m pytest $TEST_DIR/test_outputs.py -rA` instead" in info["outcome"]["tests_fallback"]
 
 
 def test_harbor_build_timeout_storage_and_workdir_are_honoured(tmp_path: Path) -> None:
