@@ -44,7 +44,7 @@ from envs.base import INFRA_ERRORS, Observation
 from envs.multiagent import MultiAgentEnv
 from envs.pool import EnvCache
 from judges.prm import JudgeRequest, JudgeResult, StepJudge
-from train.config import Config
+from train.config import Config, ConfigError, policy_roles
 
 log = logging.getLogger(__name__)
 
@@ -341,6 +341,20 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
         bar.close()
         await loop.run_in_executor(executor, envs.close)
         executor.shutdown(wait=False)
+
+
+def role_router(cfg: Config) -> Router | None:
+    """Who acts in a run's episodes: None when the family is a :class:`MultiAgentEnv` (the env
+    decides), else the one role of a single policy, or planner/executor for those two roles."""
+    roles = [r for rs in policy_roles(cfg).values() for r in rs]
+    if issubclass(env_class(cfg.env.family), MultiAgentEnv):
+        return None
+    if len(roles) == 1:
+        return single_role(roles[0])
+    if set(roles) == {"planner", "executor"}:
+        return planner_executor()
+    raise ConfigError(f"env {cfg.env.family} has one agent: several policies need the roles planner and "
+                      f"executor (got {', '.join(roles)})")
 
 
 def chat_config(cfg: Config) -> ChatConfig:
