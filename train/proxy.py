@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -444,8 +445,15 @@ def _chunk(cid: str, created: int, model: str, version: int, delta: dict, finish
 
 
 def make_app(proxy: TrainingProxy) -> Any:
-    """The FastAPI app of ``proxy``."""
-    app = FastAPI(title="nextstate training proxy")
+    """The FastAPI app of ``proxy``; shutting it down (Ctrl-C included) closes the proxy:
+    judges awaited, sessions ended, a checkpoint saved."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.close()
+
+    app = FastAPI(title="nextstate training proxy", lifespan=lifespan)
 
     def error(message: str, status: int = 400) -> JSONResponse:
         kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
@@ -616,24 +624,15 @@ def build(args: argparse.Namespace) -> TrainingProxy:
 
 
 def serve(proxy: TrainingProxy, host: str, port: int) -> int:
-    """Run the server until Ctrl-C (returns 130) or shutdown (0); saves on the way out."""
+    """Run the server until Ctrl-C (returns 130) or shutdown (0); the app saves on the way out."""
     import uvicorn
 
-    config = uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    interrupted = False
-
-    async def run() -> None:
-        try:
-            await server.serve()
-        finally:
-            await proxy.close()
-
+    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
     try:
-        asyncio.run(run())
+        server.run()   # on a signal: graceful shutdown (the app's lifespan saves), then the signal again
     except KeyboardInterrupt:
-        interrupted = True
-    return 130 if interrupted else 0
+        return 130
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
