@@ -98,6 +98,9 @@ def test_sessions_prefix_match_and_rewrites():
     assert s is b and prev.next_messages == [{"role": "user", "content": "ok"}] and not prev.rewritten
     s, prev = table.claim(task + [{"role": "assistant", "content": "A, edited"}, {"role": "user", "content": "x"}], None)
     assert s is a and prev.rewritten   # only a's turn was still waiting: continued, but changed
+    table.add(a, Turn(1, task, Generation("C"), {"role": "assistant", "content": "C"}, 1.0))
+    s, prev = table.claim(task + [{"role": "user", "content": "no tool call found"}], None)
+    assert s is a and prev.dropped and not prev.rewritten and prev.next_messages[0]["content"] == "no tool call found"
 
 
 # -- served --------------------------------------------------------------------------------------
@@ -181,19 +184,22 @@ def test_sessions_interleaved_with_and_without_headers(plain):
 
 
 # -- tool calls: a tiny model taught one tool call ---------------------------------------------------
-def _taught_policy() -> HFPolicy:
-    """The tiny model overfit on one tool call for a prompt with tools, so that it writes one."""
+def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | None = None) -> HFPolicy:
+    """The tiny model overfit on one bash tool call after each of ``contexts`` (with tools), so
+    that it writes one."""
     policy = HFPolicy("tiny", max_new_tokens=48)
     tok, model = policy.tokenizer, policy.model
-    prompt = policy.prompt_ids([{"role": "user", "content": "list the files"}], TOOLS)
-    answer = tok.encode('<tool_call>{"name": "bash", "arguments": {"cmd": "ls"}}</tool_call><|im_end|>',
-                        add_special_tokens=False)
-    ids = torch.tensor([prompt + answer])
-    labels = ids.clone()
-    labels[0, :len(prompt)] = -100
+    call = json.dumps({"name": "bash", "arguments": arguments or {"cmd": "ls"}})
+    answer = tok.encode(f"<tool_call>{call}</tool_call><|im_end|>", add_special_tokens=False)
+    rows = []
+    for messages in contexts or [[{"role": "user", "content": "list the files"}]]:
+        prompt = policy.prompt_ids(messages, TOOLS)
+        labels = [-100] * len(prompt) + answer
+        rows.append((torch.tensor([prompt + answer]), torch.tensor([labels])))
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(60):
+    for step in range(120):
+        ids, labels = rows[step % len(rows)]
         opt.zero_grad()
         model(input_ids=ids, labels=labels).loss.backward()
         opt.step()
@@ -318,3 +324,60 @@ def _up(url: str) -> bool:
         return httpx.get(url + "/models").status_code in (200, 401)
     except httpx.HTTPError:
         return False
+
+
+# -- mini-swe-agent, unmodified ------------------------------------------------------------------------
+@pytest.mark.docker
+def test_mini_swe_agent_trains_through_the_proxy(tmp_path, monkeypatch):
+    """mini-swe-agent 2.4.6, unmodified (litellm to an OpenAI-compatible base URL; mini.yaml's
+    observation and format-error messages; a short task prompt from its config), runs a task in
+    a Docker container against the proxy, without session headers. The tiny model is first
+    taught to write a bash tool call (untaught it writes none, and every turn is a format error)."""
+    pytest.importorskip("minisweagent")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no download of litellm's price list
+    import yaml
+    from minisweagent.agents.default import DefaultAgent
+    from minisweagent.config import builtin_config_dir
+    from minisweagent.environments.docker import DockerEnvironment
+    from minisweagent.models.litellm_model import LitellmModel
+
+    config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
+    config["agent"].update(system_template="You can run bash commands.", mode=None, step_limit=5, cost_limit=0,
+                           instance_template="{{task}} Answer with one bash tool call.")
+    task = "List the files in the root directory."
+    start = [{"role": "system", "content": "You can run bash commands."},
+             {"role": "user", "content": f"{task} Answer with one bash tool call."}]
+    ran = start + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls /"}'}}]},
+        {"role": "tool", "tool_call_id": "a", "content": '{"returncode": 0, "output": "bin"}'}]
+    policy = _taught_policy({"command": "ls /"}, [start, ran])
+    cfg = Config()
+    cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-3
+    trainer = ProxyTrainer(policy, cfg, tmp_path, batch=2, save_every=100)
+    proxy = TrainingProxy(policy, tmp_path, judge=RuleJudge(), trainer=trainer, model_name="tiny", max_tokens=48)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    with serving(proxy) as url:
+        model = LitellmModel(model_name="openai/tiny", cost_tracking="ignore_errors",
+                             model_kwargs={"api_base": url, "api_key": "none", "max_tokens": 48, "temperature": 1.0},
+                             observation_template=config["model"]["observation_template"],
+                             format_error_template=config["model"]["format_error_template"])
+        env = DockerEnvironment(image="nextstate/terminal:latest", timeout=20)
+        agent = DefaultAgent(model, env, **config["agent"])
+        try:
+            result = agent.run(task)
+        finally:
+            env.cleanup()
+        wait_for(lambda: not proxy.pending and not trainer.busy.is_set(), "the judges and the learner")
+        status = proxy.status()
+    assert status["sessions"] == 1, status   # one session, found by prefix at every turn
+    steps = sorted(records(tmp_path, "step"), key=lambda r: r["step"])
+    assert [s["step"] for s in steps] == list(range(status["turns"]["main"]))
+    observed = [s for s in steps if s["next_state"].get("messages")]
+    assert observed and all(s["next_state"]["messages"][0]["role"] in ("tool", "user") for s in observed)
+    executed = [s for s in observed if s["next_state"]["messages"][0]["role"] == "tool"]
+    assert executed and all('"returncode"' in s["observation"] for s in executed)   # mini's observations
+    votes = [j["votes"][0] for j in records(tmp_path, "judge")]
+    assert len(votes) == len(observed) and 1 in votes
+    assert result["exit_status"] in ("LimitsExceeded", "Submitted", "RepeatedFormatError")
+    if sum(v != 0 for v in votes) >= 2:
+        assert trainer.steps >= 1 and any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))

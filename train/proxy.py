@@ -347,7 +347,7 @@ class TrainingProxy:
             "group_id": session.group_id, "task_id": session.id, "sample": 0, "step": turn.index, "role": "agent",
             "messages": turn.messages, "text": turn.generation.text, "action": turn.reply,
             "next_state": state, "observation": state.get("output", ""), "reward": None,
-            "ids_from_server": turn.generation.ids_from_server, "rewritten": turn.rewritten,
+            "ids_from_server": turn.generation.ids_from_server, "rewritten": turn.rewritten, "dropped": turn.dropped,
             "policy_version": turn.generation.policy_version})
 
     def _why_not(self, turn: Turn) -> str | None:

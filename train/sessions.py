@@ -11,7 +11,9 @@ request's messages plus its answer continues that session.
 If the client sent back the answer changed (other text, other tool calls: a
 client that rewrote it, a different tokenization), the turn is marked
 ``rewritten``: its next state followed an action the model did not take, so it
-is not trained on.
+is not trained on. A client that leaves the answer out and adds a message
+instead (mini-swe-agent's reply to a malformed action) marks it ``dropped``:
+that message is about the answer as generated, and it is its next state.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class Turn:
     reply: dict                        # the assistant message sent to the client
     temperature: float
     next_messages: list[dict] | None = None
-    rewritten: bool = False
+    rewritten: bool = False            # sent back changed: not trained on
+    dropped: bool = False              # not sent back; the new messages answer it (trained on)
     started: float = field(default_factory=time.time)
 
     def continued_by(self, messages: list[dict]) -> bool:
@@ -118,10 +121,18 @@ class SessionTable:
         prev, session.last = session.last, None
         if prev is None:
             return session, None
-        # the next state: what follows the last assistant message (the answer, as sent back)
-        cut = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        n = len(prev.messages)
+        if prev.continued_by(messages) and messages[n].get("role") != "assistant":
+            # the client left the answer out (mini-swe-agent does after a format error): what it
+            # added instead is the answer's next state
+            prev.next_messages, prev.dropped = messages[n:], True
+            return session, prev
+        if prev.continued_by(messages):
+            cut: int | None = n
+        else:   # a named session whose history changed: the next state follows its last answer
+            cut = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
         if cut is None:
-            prev.next_messages, prev.rewritten = [], False
+            prev.next_messages = []
         else:
             prev.next_messages = messages[cut + 1:]
             prev.rewritten = canonical(messages[cut]) != canonical(prev.reply)
