@@ -16,7 +16,7 @@ import pytest
 
 import containers
 from envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
-from envs.sandbox import SandboxError
+from containers.sandbox import SandboxError
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]
