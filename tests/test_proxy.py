@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,32 +21,12 @@ import torch
 from agents.hf_policy import HFPolicy
 from judges.rules import RuleJudge, rule_vote, text_state
 from train.config import Config
-from train.proxy import ProxyTrainer, TrainingProxy, make_app, split_tool_calls
+from train.proxy import ProxyTrainer, TrainingProxy, serving, split_tool_calls
 from train.sessions import SessionTable
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
-
-
-@contextlib.contextmanager
-def serving(proxy: TrainingProxy) -> Iterator[str]:
-    """The proxy's app on a free port of 127.0.0.1 (uvicorn in a thread); yields the base URL.
-    Leaving the block shuts the server down, which closes the proxy (records flushed)."""
-    import uvicorn
-    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join()
 
 
 def client(url: str, key: str = "none") -> openai.OpenAI:
@@ -198,7 +176,7 @@ def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | N
         rows.append((torch.tensor([prompt + answer]), torch.tensor([labels])))
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(120):
+    for step in range(100):
         ids, labels = rows[step % len(rows)]
         opt.zero_grad()
         model(input_ids=ids, labels=labels).loss.backward()

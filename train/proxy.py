@@ -51,7 +51,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -240,6 +240,7 @@ class ProxyTrainer:
         self.busy = threading.Event()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner")
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0}
+        self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
 
     def offer(self, session: Session, turn: Turn, advantage: float | None, why_not: str | None) -> None:
         """A judged turn (or one that cannot train); a step starts once ``batch`` turns wait."""
@@ -271,6 +272,7 @@ class ProxyTrainer:
         t1 = time.monotonic()
         self.learner.publish()
         t2 = time.monotonic()
+        self.swaps.append((t1, t2))
         self.steps += 1
         for s, t, a in chosen:
             self.advantages.record("advantage", {"train_step": self.steps, "group_id": s.group_id,
@@ -621,6 +623,28 @@ def build(args: argparse.Namespace) -> TrainingProxy:
     return TrainingProxy(policy, output, judge=make_judge(args.judge, policy, args.votes, args.hints),
                          trainer=trainer, model_name=args.served_name or args.model, max_tokens=args.max_tokens,
                          max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
+
+
+@contextlib.contextmanager
+def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The proxy served by uvicorn in a background thread (``port`` 0: a free one); yields the
+    base URL (``http://host:port/v1``). Leaving the block shuts the server down, which closes
+    the proxy."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="proxy-server")
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the proxy could not start on {host}:{port}")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join()
 
 
 def serve(proxy: TrainingProxy, host: str, port: int) -> int:
