@@ -115,6 +115,9 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int)
         out: dict[str, Any] = {"model": "tiny", "turns": turns, "max_tokens": max_tokens, "batch": batch,
                                "repeat": repeat, "bare": {}, "proxy": {}, "proxy_train": {}}
         with serving(plain) as plain_url, serving(training) as train_url:
+            asyncio.run(sessions(1, 1, bare))   # warm-ups, not timed
+            through(plain_url, 1)
+            through(train_url, 1)
             for c in levels:
                 got: dict[str, list] = {"bare": [], "proxy": [], "proxy_train": []}
                 walls = dict.fromkeys(got, 0.0)
