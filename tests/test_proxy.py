@@ -162,16 +162,17 @@ def test_sessions_interleaved_with_and_without_headers(plain):
 
 
 # -- tool calls: a tiny model taught one tool call ---------------------------------------------------
-def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | None = None) -> HFPolicy:
-    """The tiny model overfit on one bash tool call after each of ``contexts`` (with tools), so
-    that it writes one."""
+def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | None = None,
+                   tools: list[dict] = TOOLS) -> HFPolicy:
+    """The tiny model overfit on one bash tool call after each of ``contexts`` (with ``tools``),
+    so that it writes one."""
     policy = HFPolicy("tiny", max_new_tokens=48)
     tok, model = policy.tokenizer, policy.model
     call = json.dumps({"name": "bash", "arguments": arguments or {"cmd": "ls"}})
     answer = tok.encode(f"<tool_call>{call}</tool_call><|im_end|>", add_special_tokens=False)
     rows = []
     for messages in contexts or [[{"role": "user", "content": "list the files"}]]:
-        prompt = policy.prompt_ids(messages, TOOLS)
+        prompt = policy.prompt_ids(messages, tools)
         labels = [-100] * len(prompt) + answer
         rows.append((torch.tensor([prompt + answer]), torch.tensor([labels])))
     model.train()
@@ -320,6 +321,7 @@ def test_mini_swe_agent_trains_through_the_proxy(tmp_path, monkeypatch):
     from minisweagent.config import builtin_config_dir
     from minisweagent.environments.docker import DockerEnvironment
     from minisweagent.models.litellm_model import LitellmModel
+    from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
     config = yaml.safe_load((builtin_config_dir / "mini.yaml").read_text())
     config["agent"].update(system_template="You can run bash commands.", mode=None, step_limit=5, cost_limit=0,
@@ -330,7 +332,7 @@ def test_mini_swe_agent_trains_through_the_proxy(tmp_path, monkeypatch):
     ran = start + [{"role": "assistant", "content": "", "tool_calls": [
         {"id": "a", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls /"}'}}]},
         {"role": "tool", "tool_call_id": "a", "content": '{"returncode": 0, "output": "bin"}'}]
-    policy = _taught_policy({"command": "ls /"}, [start, ran])
+    policy = _taught_policy({"command": "ls /"}, [start, ran], [BASH_TOOL])
     cfg = Config()
     cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-3
     trainer = ProxyTrainer(policy, cfg, tmp_path, batch=2, save_every=100)
