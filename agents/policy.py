@@ -36,6 +36,7 @@ class Generation:
     finish_reason: str = "stop"
     ids_from_server: bool = False
     message: dict[str, Any] | None = None  # the raw assistant message, when a server sent one
+    policy_version: int | None = None  # the weights that produced it, when the backend counts them
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -81,10 +81,12 @@ class Learner:
         return out
 
     def publish(self) -> None:
-        """Copy the trained weights into the serving model, between two generations."""
+        """Copy the trained weights into the serving model, between two generations (and bump
+        the policy's weights ``version``)."""
         with self.policy.lock, torch.no_grad():
             for dst, src in zip(self.policy.model.parameters(), self.model.parameters()):
                 dst.copy_(src)
+            self.policy.version = getattr(self.policy, "version", 0) + 1
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the optimizer state of a checkpoint (``state["optimizer"]``)."""
