@@ -136,7 +136,7 @@ class RunConfig:
 @dataclass
 class VerlConfig:
     """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
-    device: str = "auto"              # auto (cpu when no accelerator is visible) | gpu | cpu
+    device: str = "auto"              # auto (cpu when no accelerator is visible and RAY_ADDRESS is unset) | gpu | cpu
     rollout_engine: str = "vllm"      # vllm | sglang (gpu); the cpu device uses the hf rollout
     nnodes: int = 1
     n_gpus_per_node: int = 8

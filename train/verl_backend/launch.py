@@ -9,8 +9,9 @@ our whole config under a ``nextstate`` key for the agent loop and trainer.
 ``verl.overrides`` adds raw Hydra overrides last. It is checked with veRL's
 own ``validate_config`` and its config dataclasses before anything starts.
 
-Without an accelerator (``verl.device=auto`` on a CPU-only host, or
-``verl.device=cpu``) the run uses the ``cpu`` platform and the ``hf``
+Without an accelerator (``verl.device=auto`` on a CPU-only host that starts
+its own Ray cluster, or ``verl.device=cpu``) the run asks for the ``cpu``
+platform (``VERL_PLATFORM=cpu`` in every process; never detected) and the ``hf``
 rollout of the plugin (:mod:`~train.verl_backend.cpu`,
 :mod:`~train.verl_backend.hf_rollout`): one trainer process, float32 FSDP
 without torch.compile, gradient checkpointing or padding removal, one
@@ -43,11 +44,13 @@ CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
 
 
 def on_cpu(cfg: Config) -> bool:
-    """Whether the run uses the CPU platform (``verl.device``; ``auto``: no accelerator visible)."""
+    """Whether the run asks for the CPU platform: ``verl.device=cpu``, or ``auto`` on a host with no
+    accelerator that starts its own Ray cluster (with ``RAY_ADDRESS`` set the run joins a cluster,
+    which ``auto`` takes for a GPU one: its head node need not have a GPU itself)."""
     if cfg.verl.device != "auto":
         return cfg.verl.device == "cpu"
     from train.verl_backend.cpu import accelerator_present
-    return not accelerator_present()
+    return not accelerator_present() and not os.environ.get("RAY_ADDRESS")
 
 
 def model_path(cfg: Config) -> str:
