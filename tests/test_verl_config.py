@@ -148,3 +148,40 @@ def test_task_data_is_what_verls_dataset_reads(tmp_path):
     assert row["extra_info"]["task_id"] == tasks[1].id and row["index"] == 1
     assert row["agent_name"] == "nextstate"
     assert row["raw_prompt"] == [{"role": "user", "content": tasks[1].instruction}]
+
+
+@pytest.fixture
+def restored_environ():
+    """The launcher exports its run's variables (``VERL_PLATFORM``, the run id) into ``os.environ``."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _launch_fails_in_one_line(tmp_path, capsys) -> str:
+    from train.__main__ import main
+
+    assert main(["--backend", "verl", "--env", "toolcall", "--model", "tiny", "--output", str(tmp_path),
+                 "verl.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()        # veRL's validate_config says it passed, then:
+    assert err[-1].startswith("error: ") and not (tmp_path / "model").exists()   # before writing or starting anything
+    return err[-1]
+
+
+def test_launch_stops_when_the_plugin_did_not_register_its_agent_loop(tmp_path, capsys, monkeypatch,
+                                                                      restored_environ):
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    import train.verl_backend.plugin  # noqa: F401
+    monkeypatch.delitem(_agent_loop_registry, "nextstate")      # as when veRL swallowed a plugin error
+    err = _launch_fails_in_one_line(tmp_path, capsys)
+    assert err.startswith("error: the nextstate plugin did not register agent loop 'nextstate'"), err
+
+
+def test_launch_stops_when_the_plugin_fails_to_import(tmp_path, capsys, monkeypatch, restored_environ):
+    from train.verl_backend import launch
+    monkeypatch.setattr(launch, "PLUGIN_MODULE", "train.verl_backend.no_such_plugin")   # an import that fails
+    err = _launch_fails_in_one_line(tmp_path, capsys)
+    assert err.startswith("error: the nextstate plugin for veRL (train.verl_backend.no_such_plugin) failed to load: "
+                          "ModuleNotFoundError"), err
