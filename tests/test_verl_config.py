@@ -185,3 +185,10 @@ def test_launch_stops_when_the_plugin_fails_to_import(tmp_path, capsys, monkeypa
     err = _launch_fails_in_one_line(tmp_path, capsys)
     assert err.startswith("error: the nextstate plugin for veRL (train.verl_backend.no_such_plugin) failed to load: "
                           "ModuleNotFoundError"), err
+
+
+def test_a_run_with_an_sft_section_trains_from_its_warm_start(tmp_path):
+    cfg = load_config("terminal", cpu_demo=True, overrides=[f"run.output={tmp_path}", "sft.steps=4",
+                                                            "sft.tasks=procedural:0:8", "verl.device=cpu"])
+    config = compose(cfg, n_tasks=4)
+    assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "warm_start")   # the local run's too

@@ -55,7 +55,11 @@ def on_cpu(cfg: Config) -> bool:
 
 
 def model_path(cfg: Config) -> str:
-    """What veRL loads: the model name, or for ``tiny`` the directory the run writes it to."""
+    """What veRL loads (and its reference model is): the run's warm start when ``sft.steps > 0``
+    (made or reused before veRL starts, as on the local backend), for ``tiny`` the directory the
+    run writes it to, else the model name."""
+    if cfg.sft.steps > 0:
+        return str(Path(cfg.run.output).resolve() / "warm_start")
     if cfg.model.name == "tiny":
         return str(Path(cfg.run.output).resolve() / "model")
     return cfg.model.name
@@ -233,7 +237,10 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     os.environ.update(env_vars)
     check_plugin(cpu)
     output = Path(cfg.run.output).resolve()
-    if cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
+    if cfg.sft.steps > 0:
+        from train.sft import warm_start
+        warm_start(cfg, Path(model_path(cfg)))
+    elif cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
         from agents.tiny import save_tiny
         save_tiny(model_path(cfg), seed=cfg.run.seed)
     write_task_data(tasks, data_path(cfg), cfg.env.family)
