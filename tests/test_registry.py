@@ -48,7 +48,7 @@ def guess(monkeypatch):
 
 
 def test_the_built_in_families_are_registered_in_one_place():
-    assert registry.names()[:4] == ["terminal", "toolcall", "swe", "gui"]   # (tests may add more)
+    assert registry.names()[:5] == ["terminal", "toolcall", "swe", "gui", "relay"]   # (tests may add more)
     from envs.terminal import TerminalEnv
     assert registry.spec("terminal").env_class() is TerminalEnv
     assert gymnasium.spec("nextstate/Terminal-v0").entry_point == "envs.terminal.env:TerminalEnv"

@@ -96,4 +96,4 @@ def test_the_module_exits_2_from_a_shell():
     out = subprocess.run([sys.executable, "-m", "train", "--env", "chess"], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["error: unknown env 'chess'; choose one of terminal, toolcall, swe, gui"]
+    assert out.stderr.strip().splitlines() == ["error: unknown env 'chess'; choose one of terminal, toolcall, swe, gui, relay"]

@@ -4,6 +4,8 @@
     python -m train --env swe --model Qwen/Qwen3-8B --parallel 32 --judge http://judge:8000
     python -m train --env terminal --backend verl --dry-run
     python -m train --env terminal --steps 50 train.lr=1e-5 rollout.samples_per_task=4
+    python -m train --env relay --agents reader=tiny,writer=tiny      # two policies, each on its role
+    python -m train --env relay --agents reader+writer=tiny           # one policy shared by both roles
 
 Settings come from ``configs/<env>.yaml`` (or ``--config``), then the flags,
 then ``section.key=value`` overrides. Without a GPU and without ``--model``
@@ -113,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
     p.add_argument("--config", help="config file (default the family's packaged configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
+    p.add_argument("--agents", metavar="ROLE=MODEL[,ROLE=MODEL...]",
+                   help="several policies, one per entry (ROLE+ROLE=MODEL: one policy shared by those roles)")
     p.add_argument("--judge", help="'policy' (the policy's own model), 'rules' (exit codes and invalid "
                    "actions), 'none', or an OpenAI-compatible URL")
     p.add_argument("--backend", default="local", help="local (one process, CPU or one GPU) or verl (Ray cluster)")
@@ -136,6 +140,11 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"rollout.parallel={args.parallel}")
     if args.model:
         out.append(f"model.name={args.model}")
+    for entry in (args.agents or "").split(","):
+        if entry.strip():
+            if "=" not in entry:
+                raise ConfigError(f"--agents takes ROLE=MODEL entries, got {entry!r}")
+            out.append(f"agents.{entry.strip()}")
     if args.steps is not None:
         out.append(f"run.steps={args.steps}")
     if args.output:
@@ -213,14 +222,19 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
         env = registry.resolve(args.env)   # "mypkg.envs:count" imports mypkg.envs, which registers count
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    demo = args.model == "tiny" or (args.backend == "local" and args.model is None and not has_gpu())
+    agent_models = {e.split("=", 1)[1].strip() for e in (args.agents or "").split(",") if "=" in e}
+    demo = args.model == "tiny" or agent_models == {"tiny"} or \
+        (args.backend == "local" and args.model is None and not args.agents and not has_gpu())
     cfg = load_config(env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)
     if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
         # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
         cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
+    if args.backend == "verl" and cfg.agents:
+        raise ConfigError("--agents trains several policies on --backend local only for now")
     if args.backend == "local" or not args.dry_run:
-        check_model(cfg.model.name)
+        for model in cfg.agents.values() or [cfg.model.name]:
+            check_model(model)
     if cfg.judge.mode == "url" and not args.dry_run:
         cfg.judge.model = probe_server(cfg.judge.url or "", cfg.judge.model, "judge.model")
     return cfg, demo
@@ -258,7 +272,8 @@ def run_local(cfg: Config, demo: bool, resume: bool) -> int:
         import torch
         torch.set_num_threads(1)
     note = " (cpu_demo settings: tiny model on CPU)" if demo else ""
-    print(f"nextstate train: env={cfg.env.family} model={cfg.model.name} backend=local "
+    models = ",".join(f"{k}={v}" for k, v in cfg.agents.items()) or cfg.model.name
+    print(f"nextstate train: env={cfg.env.family} model={models} backend=local "
           f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "
           f"parallel={cfg.rollout.parallel} judge={cfg.judge.mode} output={output}{note}", file=sys.stderr)
     trainer = LocalTrainer(cfg, output, resume=resume)

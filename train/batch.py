@@ -49,16 +49,22 @@ class Batch:
         return sum(len(s.response_ids) for s in self.samples)
 
 
-def trainable(step: Step, role: str) -> bool:
-    """Whether a step can train the policy of ``role`` (its exact token ids and log-probs are known)."""
-    return (step.role == role and step.ids_from_server and bool(step.response_ids)
+def _roles(role: str | Sequence[str]) -> tuple[str, ...]:
+    return (role,) if isinstance(role, str) else tuple(role)
+
+
+def trainable(step: Step, role: str | Sequence[str]) -> bool:
+    """Whether a step can train the policy of ``role`` (one role, or the roles a shared policy
+    plays): its exact token ids and log-probs are known."""
+    return (step.role in _roles(role) and step.ids_from_server and bool(step.response_ids)
             and len(step.logprobs) == len(step.response_ids))
 
 
-def step_table(trajectories: Sequence[Trajectory], role: str
+def step_table(trajectories: Sequence[Trajectory], role: str | Sequence[str]
                ) -> tuple[StepRows, list[tuple[Trajectory, Step]]]:
     """Rows for the advantage code and the matching (trajectory, step) pairs (trainable steps
-    of ``role`` only)."""
+    of ``role`` only; with several roles, buckets are per role too)."""
+    roles = _roles(role)
     group, index, outcome, votes, state, steps = [], [], [], [], [], []
     for traj in trajectories:
         if traj.status == "aborted":
@@ -74,12 +80,13 @@ def step_table(trajectories: Sequence[Trajectory], role: str
                 steps.append((traj, step))
     rows = StepRows(group=np.array(group, dtype=object).astype(str), step=np.array(index, dtype=np.int64),
                     outcome=np.array(outcome), vote_mean=np.array(votes, dtype=np.float64),
-                    state=np.array(state, dtype=np.int64))
+                    state=np.array(state, dtype=np.int64),
+                    role=np.array([roles.index(s.role) for _, s in steps], dtype=np.int64) if len(roles) > 1 else None)
     return rows, steps
 
 
 def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, weight: float,
-                role: str) -> Batch:
+                role: str | Sequence[str]) -> Batch:
     """Samples with advantages for ``role`` and the rollout metrics of the batch."""
     rows, steps = step_table(trajectories, role)
     result = compute_advantages(rows, adv.key, c=weight, eps=adv.eps, drop_constant=adv.drop_constant)

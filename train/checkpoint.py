@@ -11,6 +11,9 @@ next save. Contents:
 * ``model/`` -- weights (safetensors, ``save_pretrained``) and tokenizer;
 * ``state.pt`` -- optimizer state and torch RNG states;
 * ``meta.json`` -- step, data position, Python/numpy RNG states, the config.
+
+A run of several policies (``agents``) writes ``model/`` and ``state.pt`` once per policy, in
+``<name>/`` (``step_000010/reader/model/``...), beside one ``meta.json``.
 """
 
 from __future__ import annotations
@@ -51,9 +54,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_state: dict[str, Any],
-         meta: dict[str, Any], keep: int = 3) -> Path:
-    """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path."""
+def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None,
+         meta: dict[str, Any], keep: int = 3, members: dict[str, tuple[Any, Any, dict[str, Any]]] | None = None
+         ) -> Path:
+    """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path.
+
+    ``members``: ``{name: (model, tokenizer, optimizer_state)}`` of a run with several policies,
+    each written in ``<name>/`` (``model``, ``tokenizer`` and ``optimizer_state`` are then None)."""
     root = directory(output)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(TMP_PREFIX + "*"):   # leftovers of a run killed mid-save
@@ -61,11 +68,13 @@ def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_st
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save({"optimizer": optimizer_state, "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-               tmp / "state.pt")
+    for name, (m, tok, opt) in (members or {"": (model, tokenizer, optimizer_state)}).items():
+        part = tmp / name
+        m.save_pretrained(part / "model", safe_serialization=True)
+        tok.save_pretrained(part / "model")
+        torch.save({"optimizer": opt, "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+                   part / "state.pt")
     (tmp / "meta.json").write_text(json.dumps({"step": step, "rng": rng_state(), **meta}, indent=1))
     _fsync_tree(tmp)
     if final.exists():   # the same step saved again (a resumed run): swap, then drop the old one
@@ -118,15 +127,21 @@ def latest(output: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(meta, state)`` of a checkpoint; also restores the global RNG states."""
+def load(path: Path, part: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(meta, state)`` of a checkpoint (``state`` of its policy ``part`` in a run with several);
+    also restores the global RNG states."""
     meta = json.loads((path / "meta.json").read_text())
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    state = load_state(path / part)
     set_rng_state(meta["rng"])
     torch.set_rng_state(state["torch_rng"])
     if torch.cuda.is_available() and state["cuda_rng"]:
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return meta, state
+
+
+def load_state(part: Path) -> dict[str, Any]:
+    """The optimizer and torch RNG states saved in ``part`` (a checkpoint, or one policy's folder)."""
+    return torch.load(part / "state.pt", map_location="cpu", weights_only=True)
 
 
 def _fsync_tree(root: Path) -> None:

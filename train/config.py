@@ -151,7 +151,14 @@ class VerlConfig:
 
 @dataclass
 class Config:
-    """The whole trainer configuration."""
+    """The whole trainer configuration.
+
+    ``agents`` trains several policies in one run: ``{roles: model}``, one entry per policy, where
+    ``roles`` is a role name or several joined by ``+`` (one policy shared by those roles, trained
+    on all their steps). ``{}`` (the default): one policy, ``model.name``, trained on the steps
+    of ``train.role``. Each policy has its own optimizer, frozen reference and checkpoint folder.
+    """
+    agents: dict[str, str] = field(default_factory=dict)
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -190,6 +197,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return float(value)
         if tp is str:
             return str(value)
+        if origin is dict:
+            if isinstance(value, str):   # "a=x,b=y"
+                value = dict(item.split("=", 1) for item in value.split(",") if item.strip())
+            if not isinstance(value, dict):
+                raise ValueError(value)
+            return {_coerce(k, args[0], key): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
         if origin is list:
             if isinstance(value, str):
                 value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
@@ -291,6 +304,35 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def policy_roles(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """The policies of a run and the roles each plays: ``{name: roles}`` (name ``"a+b"`` for a
+    shared one). Without ``agents``: one policy, shared by every agent of a multi-agent family
+    (:class:`~envs.multiagent.MultiAgentEnv`), else named after ``train.role``."""
+    if not cfg.agents:
+        agents = getattr(registry.spec(cfg.env.family).env_class(), "possible_agents", None)
+        if agents:
+            return {"+".join(agents): tuple(agents)}
+        return {cfg.train.role: (cfg.train.role,)}
+    return {name: tuple(name.split("+")) for name in cfg.agents}
+
+
+def _agents_problem(cfg: Config) -> str | None:
+    seen: list[str] = []
+    for name, model in cfg.agents.items():
+        roles = name.split("+")
+        if not all(r.isidentifier() for r in roles):
+            return f"agents: {name!r} is not a role name (or roles joined by +)"
+        if not model:
+            return f"agents: no model for {name!r}"
+        seen += roles
+    twice = sorted({r for r in seen if seen.count(r) > 1})
+    if twice:
+        return f"agents: role {twice[0]!r} is given to two policies"
+    if cfg.agents and cfg.sft.steps > 0:
+        return "agents: warm starts (sft.steps > 0) train one model; with several agents give each a model already warm-started"
+    return None
+
+
 def _size_ok(size: str | None) -> bool:
     from containers.sandbox import parse_size
     try:
@@ -329,6 +371,9 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    problem = _agents_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     from train.advantage import GROUPINGS
     if cfg.advantage.key not in GROUPINGS:
         raise ConfigError(f"advantage.key must be one of {', '.join(sorted(GROUPINGS))}, got {cfg.advantage.key!r}")

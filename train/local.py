@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -27,11 +28,11 @@ import numpy as np
 from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from train import checkpoint
-from train.batch import build_batch
-from train.config import Config, ConfigError
+from train.batch import build_batch, rollout_metrics
+from train.config import Config, ConfigError, policy_roles
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, single_role
+from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, role_router
 
 log = logging.getLogger(__name__)
 
@@ -97,45 +98,48 @@ async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollo
         await loop.run_in_executor(None, trainer.shutdown)
 
 
+@dataclass
+class Member:
+    """One trained policy of a run: the roles it plays, its serving policy and its learner."""
+
+    name: str
+    roles: tuple[str, ...]
+    policy: Any
+    learner: Learner
+
+
 class LocalTrainer:
-    """Policy, learner, sandbox pool, judge and logs of one local run."""
+    """Policies, learners, sandbox pool, judge and logs of one local run.
+
+    Usually one policy (``model.name``) trained on the steps of ``train.role``; with ``agents``
+    (:func:`~train.config.policy_roles`), one :class:`Member` per policy, each trained on the
+    steps of its own roles, with its own optimizer, reference, checkpoint folder
+    (``checkpoints/step_N/<name>/``) and metrics (prefixed ``<name>/``).
+    """
 
     def __init__(self, cfg: Config, output: Path, *, resume: bool = False, progress: bool = True):
         import torch
 
-        from agents.hf_policy import HFPolicy
-
         self.cfg, self.output, self.progress = cfg, output, progress
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
         ckpt = checkpoint.latest(output) if resume else None
         self.start = 0
+        if resume and ckpt is None:
+            log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
         initial = cfg.model.name
         if cfg.sft.steps > 0:   # supervised warm start first (reused when already made)
             from train.sft import warm_start
             initial = str(warm_start(cfg, output / "warm_start", progress=progress))
-        source = initial
+        self.several = bool(cfg.agents)
+        self.members = [self._member(name, roles, cfg.agents.get(name, initial), ckpt)
+                        for name, roles in policy_roles(cfg).items()]
         if ckpt is not None:
-            source = str(ckpt / "model")
-        try:
-            self.policy = HFPolicy(source, device=device, dtype=dtype, seed=cfg.run.seed,
-                                   max_new_tokens=cfg.rollout.max_response_tokens)
-        except OSError as e:
-            raise ConfigError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
-        if resume and ckpt is None:
-            log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
-        reference = None
-        if ckpt is not None and cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
-            anchor = HFPolicy(initial, device=device, dtype=dtype, seed=cfg.run.seed)
-            reference = anchor.model
-            asyncio.run(anchor.aclose())
-        self.learner = Learner(self.policy, cfg, reference=reference)
-        if ckpt is not None:
-            meta, state = checkpoint.load(ckpt)
-            self.learner.load_state_dict(state)
+            meta, _ = checkpoint.load(ckpt, self.members[0].name if self.several else "")   # the RNG states
             self.start = int(meta["step"])
             log.info("resuming from %s (step %d)", ckpt, self.start)
-        self.metrics = MetricsLog(output, resume_step=self.start if resume else None)
+        self.metrics = MetricsLog(output, resume_step=self.start if resume else None,
+                                  members=[m.name for m in self.members] if self.several else None)
         (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
@@ -143,18 +147,58 @@ class LocalTrainer:
         self.advantages = Recorder(output / "advantages.jsonl")
         self.judge = make_judge(cfg, self.policy)
         self.pool, self.env_factory, self.tasks = make_envs(cfg)
+        self.router = role_router(cfg)
         self.eval_tasks = load_tasks(cfg, cfg.eval.tasks) if cfg.eval.tasks else []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()   # the run ends early: no evaluation after the step in training
+
+    def _member(self, name: str, roles: tuple[str, ...], initial: str, ckpt: Path | None) -> Member:
+        """A policy and its learner, from ``initial`` or from its part of checkpoint ``ckpt``."""
+        from agents.hf_policy import HFPolicy
+
+        part = self._part(ckpt, name) if ckpt is not None else None
+        source = str(part / "model") if part is not None else initial
+        try:
+            policy = HFPolicy(source, device=self.device, dtype=self.dtype, seed=self.cfg.run.seed,
+                              max_new_tokens=self.cfg.rollout.max_response_tokens)
+        except OSError as e:
+            raise ConfigError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
+        reference = None
+        if part is not None and self.cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
+            anchor = HFPolicy(initial, device=self.device, dtype=self.dtype, seed=self.cfg.run.seed)
+            reference = anchor.model
+            asyncio.run(anchor.aclose())
+        learner = Learner(policy, self.cfg, reference=reference)
+        if part is not None:
+            learner.load_state_dict(checkpoint.load_state(part))
+        return Member(name, roles, policy, learner)
+
+    def _part(self, ckpt: Path, name: str) -> Path:
+        """Where policy ``name``'s model and state are in checkpoint ``ckpt``."""
+        return ckpt / name if self.several else ckpt
+
+    @property
+    def policy(self) -> Any:
+        """The first policy (the only one without ``agents``): it serves as the ``policy`` judge."""
+        return self.members[0].policy
+
+    @property
+    def learner(self) -> Learner:
+        """The first learner (the only one without ``agents``)."""
+        return self.members[0].learner
+
+    def policies(self) -> dict[str, Any]:
+        """Role -> the policy that plays it."""
+        return {role: m.policy for m in self.members for role in m.roles}
 
     # -- one step ------------------------------------------------------------------
     async def rollout(self, step: int) -> list[Trajectory]:
         """The episodes of 0-based ``step``: its tasks, ``samples_per_task`` times each."""
         r = self.cfg.rollout
         chosen = [self.tasks[i] for i in tasks_for_step(len(self.tasks), step, r.tasks_per_step, self.cfg.run.seed)]
-        return await collect(self.env_factory, {self.cfg.train.role: self.policy}, chosen,
+        return await collect(self.env_factory, self.policies(), chosen,
                              n_samples=r.samples_per_task, parallel=r.parallel, judge=self.judge,
-                             router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
+                             router=self.router, chat=chat_config(self.cfg),
                              recorder=self.recorder,
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
@@ -162,9 +206,9 @@ class LocalTrainer:
     async def evaluate(self) -> dict[str, float]:
         """Success of the serving model on the held-out tasks (no judge, no training)."""
         r, e = self.cfg.rollout, self.cfg.eval
-        trajs = await collect(self.env_factory, {self.cfg.train.role: self.policy}, self.eval_tasks,
+        trajs = await collect(self.env_factory, self.policies(), self.eval_tasks,
                               n_samples=e.samples_per_task, parallel=r.parallel,
-                              router=single_role(self.cfg.train.role), chat=chat_config(self.cfg),
+                              router=self.router, chat=chat_config(self.cfg),
                               sampling={"temperature": e.temperature, "top_p": r.top_p},
                               batch_tag="eval", progress=False)
         done = [t for t in trajs if t.status != "aborted"]
@@ -178,15 +222,27 @@ class LocalTrainer:
         return bool(self.eval_tasks) and (step == total or (every > 0 and step % every == 0))
 
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, Any]:
-        """Advantages, one update, weights to the serving model, held-out evaluation when due
-        (learner thread)."""
-        batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
-                            role=self.cfg.train.role)
-        for row in batch.step_log:
-            self.advantages.record("advantage", {"train_step": step + 1, **row})
-        metrics = dict(batch.metrics)
-        metrics.update(self.learner.step(batch, progress=self.progress))
-        self.learner.publish()
+        """Advantages, one update per policy on the steps of its roles, weights to the serving
+        models, held-out evaluation when due (learner thread)."""
+        metrics: dict[str, Any] = {}
+        for m in self.members:
+            batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight, role=m.roles)
+            for row in batch.step_log:
+                self.advantages.record("advantage", {"train_step": step + 1, **row,
+                                                     **({"policy": m.name} if self.several else {})})
+            own = dict(batch.metrics)
+            own.update(m.learner.step(batch, progress=self.progress))
+            m.learner.publish()
+            if not self.several:
+                metrics.update(own)
+                continue
+            team = rollout_metrics(trajectories)   # the team's episodes: the same for every policy
+            metrics.update(team)
+            metrics.update({f"{m.name}/{k}": v for k, v in own.items() if k not in team})
+            mine = [s for t in trajectories if t.status != "aborted" for s in t.steps if s.role in m.roles]
+            metrics[f"{m.name}/valid_action_rate"] = (
+                float(np.mean([bool(s.next_state.get("valid")) for s in mine])) if mine else 0.0)
+            metrics["batch/samples"] = metrics.get("batch/samples", 0) + own.get("batch/samples", 0)
         if self.eval_due(step + 1) and self._loop is not None and not self._stopping.is_set():
             # runs on the event loop, with the new weights
             t0 = time.monotonic()
@@ -212,9 +268,12 @@ class LocalTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint after ``step`` updates (the next step to run is ``step``)."""
         meta = {"data_position": step * self.cfg.rollout.tasks_per_step, "config": self.cfg.to_dict()}
-        return checkpoint.save(self.output, step, self.learner.model, self.policy.tokenizer,
-                               self.learner.optimizer.state_dict(),
-                               meta, keep=self.cfg.run.keep_checkpoints)
+        parts = {m.name: (m.learner.model, m.policy.tokenizer, m.learner.optimizer.state_dict()) for m in self.members}
+        if not self.several:
+            return checkpoint.save(self.output, step, *parts[self.members[0].name], meta,
+                                   keep=self.cfg.run.keep_checkpoints)
+        return checkpoint.save(self.output, step, None, None, None, meta, keep=self.cfg.run.keep_checkpoints,
+                               members=parts)
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
@@ -248,4 +307,5 @@ class LocalTrainer:
         self.advantages.close()
         if self.pool is not None:
             self.pool.close()
-        asyncio.run(self.policy.aclose())
+        for m in self.members:
+            asyncio.run(m.policy.aclose())

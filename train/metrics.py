@@ -29,13 +29,19 @@ CURVES = [  # (metric, title) drawn in the PNG, one panel each
 
 
 class MetricsLog:
-    """Appends step metrics to ``metrics.jsonl``, TensorBoard and the curves PNG."""
+    """Appends step metrics to ``metrics.jsonl``, TensorBoard and the curves PNG.
 
-    def __init__(self, output: str | Path, resume_step: int | None = None):
+    ``members``: the policies of a run with several (``agents``); their metrics are prefixed
+    ``<name>/`` and each panel draws one line per policy, plus a panel of each one's valid-action rate.
+    """
+
+    def __init__(self, output: str | Path, resume_step: int | None = None, members: list[str] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.output = Path(output)
         self.output.mkdir(parents=True, exist_ok=True)
+        self.members = members or []
+        self.curves = CURVES + ([("valid_action_rate", "valid actions per policy")] if self.members else [])
         self.path = self.output / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
         if self.path.exists() and resume_step is not None:   # forget steps after the checkpoint
@@ -66,17 +72,20 @@ class MetricsLog:
         import matplotlib.pyplot as plt
 
         cols = 3
-        rows = math.ceil(len(CURVES) / cols)
+        rows = math.ceil(len(self.curves) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
-        for ax, (key, title) in zip(axes.flat, CURVES):
-            pts = [(r["step"], r[key]) for r in self.rows if isinstance(r.get(key), (int, float))]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3)
+        for ax, (key, title) in zip(axes.flat, self.curves):
+            for label, column in [(None, key)] + [(m, f"{m}/{key}") for m in self.members]:
+                pts = [(r["step"], r[column]) for r in self.rows if isinstance(r.get(column), (int, float))]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
+            if self.members and ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=7)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(alpha=0.3)
-        for ax in axes.flat[len(CURVES):]:
+        for ax in axes.flat[len(self.curves):]:
             ax.axis("off")
         fig.tight_layout()
         out = self.output / PLOT
