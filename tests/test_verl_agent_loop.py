@@ -208,8 +208,7 @@ def test_same_step_sends_the_same_prompt_and_sampling_on_both_backends(tmp_path)
     try:
         asyncio.run(local.rollout(0))
     finally:
-        local.pool is None or local.pool.close()
-        local.recorder.close()
+        local.close()
     task = local.tasks[tasks_for_step(len(local.tasks), 0, 1, cfg.run.seed)[0]]
 
     server = TinyServer()
