@@ -46,15 +46,16 @@ class Learner:
 
     def step(self, batch: Batch, progress: bool = True) -> dict[str, float]:
         """``train.updates_per_step`` optimizer updates on ``batch``, each on an equal share of its
-        samples (one mini-batch, in order); returns loss, KL, clip fraction, entropy, grad norm
+        samples (one mini-batch, in order; fewer updates when there are fewer samples); returns loss, KL, clip fraction, entropy, grad norm
         (means over the updates).
 
         A non-finite gradient norm skips that update and counts in ``train/skipped_nonfinite``."""
         if not batch.samples:
             return {"train/skipped": 1.0}
-        updates = min(self.cfg.train.updates_per_step, len(batch.samples))
-        size = -(-len(batch.samples) // updates)
-        outs = [self._update(batch.samples[k:k + size], progress) for k in range(0, len(batch.samples), size)]
+        n = len(batch.samples)
+        updates = min(self.cfg.train.updates_per_step, n)
+        cuts = [k * n // updates for k in range(updates + 1)]   # shares differ by at most one sample
+        outs = [self._update(batch.samples[a:b], progress) for a, b in zip(cuts, cuts[1:])]
         out = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         out["train/skipped_nonfinite"] = sum(o["train/skipped_nonfinite"] for o in outs)
         out["train/updates"] = float(len(outs))
