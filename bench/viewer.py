@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from train.rollout import collect
+from train.rollout import collect, heldout
 from agents.policy import Generation, Policy
 from agents.recorder import Recorder
 from envs.actions import ToolCall, tool_schema
@@ -76,7 +76,11 @@ class LogEnv(NextStateEnv):
         return ToolResult("\n".join(lines), exit_code=0 if "fix" in cmd or "ls" in cmd else 1)
 
     def compute_outcome(self) -> Outcome:
-        return Outcome(1.0 if self.fixed else 0.0, {"fixed": self.fixed})
+        if self.fixed:
+            return Outcome(1.0, {"fixed": True, "tests": {"test_worker_ok": "passed"}})
+        return Outcome(0.0, {"fixed": False, "tests": {"test_worker_ok": "failed"},
+                             "reason": "./fix.sh was never run",
+                             "log_tail": "FAILED test_worker_ok - AssertionError: worker 3 still fails"})
 
 
 COMMANDS = ["ls -la /app", "cat /app/config.yaml", "python -m pytest -q", "./fix.sh --apply", "grep -rn TODO /app"]
@@ -166,10 +170,12 @@ def record_gui_episode(rec: Recorder, out: Path, group_id: str) -> None:
 
 def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3, samples: int = 4,
               max_steps: int = 6, judge_votes: int = 3, gui: bool = True, seed: int = 0,
-              metrics_log: bool = False, min_agent_steps: int = 0) -> dict[str, Any]:
+              metrics_log: bool = False, min_agent_steps: int = 0, heldout_tasks: int = 0) -> dict[str, Any]:
     """A training run folder in the layout of ``python -m train``: rollouts.jsonl (agent loop
     and recorder), advantages.jsonl (build_batch's step log), metrics.jsonl, config.json.
-    ``train_steps`` training steps, or more until ``min_agent_steps`` agent steps are written."""
+    ``train_steps`` training steps, or more until ``min_agent_steps`` agent steps are written.
+    With ``heldout_tasks``, that many held-out tasks are evaluated (``train.rollout.heldout``)
+    before the first step and after each, as the local trainer does."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = [Task(f"logs-{i:03d}", f"Find why worker {i} fails and fix it.") for i in range(max(8, tasks_per_step))]
@@ -183,7 +189,22 @@ def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3,
         from train.metrics import MetricsLog
         metrics = MetricsLog(out)
     steps = 0
+    held = [Task(f"held-{i:03d}", f"Find why worker {100 + i} fails and fix it.") for i in range(heldout_tasks)]
+
+    def evaluate(step: int) -> dict[str, Any]:
+        return asyncio.run(heldout(lambda: LogEnv(held, max_steps=max_steps), policy, held, step=step,
+                                   parallel=16, recorder=rec)) if held else {}
+
+    def log(step: int, row: dict[str, Any]) -> None:
+        if metrics is not None:
+            metrics.log(step, row)
+        else:
+            with (out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+
     try:
+        if held:
+            log(0, evaluate(0))
         k = 0
         while k < train_steps or steps < min_agent_steps:
             chosen = [tasks[(k * tasks_per_step + j) % len(tasks)] for j in range(tasks_per_step)]
@@ -194,12 +215,7 @@ def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3,
             for row in batch.step_log:
                 adv.record("advantage", {"train_step": k + 1, **row})
             steps += sum(len(t.steps) for t in trajs)
-            row = dict(batch.metrics)
-            if metrics is not None:
-                metrics.log(k + 1, row)
-            else:
-                with (out / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps({"step": k + 1, **row}) + "\n")
+            log(k + 1, {**batch.metrics, **evaluate(k + 1)})
             k += 1
         if gui:
             record_gui_episode(rec, out, f"desktop-save@s{k}")

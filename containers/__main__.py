@@ -12,7 +12,7 @@ import sys
 import time
 from importlib.metadata import entry_points
 
-from .build import build_all, known_images
+from .build import Progress, build_all, known_images
 from .disks import reap_disks
 from .engine import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive
 from .reap import project_containers, reap
@@ -79,6 +79,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; errors print as one line and exit 1."""
     args = parser().parse_args(argv)
+    Progress.log_lines = True   # a build log here, not one line per image redrawn in place
     try:
         return args.func(args)
     except (RuntimeError, ValueError) as exc:

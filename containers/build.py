@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import docker
 import yaml
+from tqdm.auto import tqdm
 
 from .engine import connect
 
@@ -42,6 +45,29 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HASH_LABEL = "io.nextstate.image-hash"
 PROBE_IMAGE = ("debian", "bookworm-slim")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: What a build's ``apt-get`` and ``pip`` reach: when one answers, builds get the network.
+PACKAGE_REGISTRIES = (f"{DEFAULT_MIRROR}/dists/{SUITE}/Release", "https://pypi.org/simple/pip/")
+CA_DEFAULTS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"
+BUILD_CA = "/usr/local/share/nextstate/host-ca.crt"
+# The variables through which a build's pip, requests, curl, git, uv and node trust the host's CA bundle:
+# build ARGs, so they reach every RUN and stay out of the image's environment.
+CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
+                "NODE_EXTRA_CA_CERTS")
+# Why a build failed, read from its output: (pattern, reason; {0} is the pattern's first group); the first
+# that matches wins, so a package "not found" for want of a network reads as no network.
+BUILD_FAILURES = (
+    (r"(?:CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem)",
+     "a TLS certificate was not trusted (a TLS-inspecting proxy? its CA must be in the host's bundle)"),
+    (r"(?:Temporary failure (?:resolving|in name resolution)|Could not resolve host|Network is unreachable|"
+     r"Failed to establish a new connection|Name or service not known|Could not connect to)",
+     "the build had no network"),
+    (r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate",
+     "apt-get found no package {0}"),
+    (r"No matching distribution found for (\S+)", "pip found no package {0}"),
+    (r"No space left on device", "the disk is full"),
+    (r"externally-managed-environment", "pip refused the system Python (PEP 668: externally managed)"),
+)
 SKIP = {"__pycache__", ".git"}
 
 
@@ -55,33 +81,65 @@ class Built:
 
 
 class Progress:
-    """Prints a build's stages with elapsed time, and keeps a tail for errors."""
+    """A build's progress on stderr, and the tail of its output for errors.
+
+    One line per image, redrawn in place (a tqdm line: the Dockerfile step the build is at and
+    the time so far), so that a task image built by a first ``reset()`` does not fill a
+    training run's progress display; with ``Progress.log_lines`` (``python -m containers``
+    sets it) a log line per stage instead, for build logs. Use it as a context manager, or
+    end it with :meth:`close`.
+    """
+
+    log_lines = False
 
     def __init__(self, what: str) -> None:
         self.what, self.start, self.last = what, time.monotonic(), 0.0
         self.tail: deque[str] = deque(maxlen=40)
         self.stages: set[str] = set()
+        self.bar = None if self.log_lines else tqdm(desc=f"building {what}", bar_format="{desc} [{elapsed}]",
+                                                    file=sys.stderr, leave=True, mininterval=0.5)
 
     def say(self, msg: str) -> None:
-        """Prints one progress line (to stderr: library callers may own stdout)."""
-        print(f"[containers {self.what} +{time.monotonic() - self.start:5.1f}s] {msg}", file=sys.stderr, flush=True)
+        """Shows where the build is: the image's line now says ``msg`` (or a log line does)."""
+        if self.bar is not None:
+            self.bar.set_description_str(f"building {self.what}: {msg[:100]}")
+        else:  # to stderr: library callers may own stdout
+            print(f"[containers {self.what} +{time.monotonic() - self.start:5.1f}s] {msg}", file=sys.stderr, flush=True)
         self.last = time.monotonic()
 
     def feed(self, line: str) -> None:
-        """Takes a line of tool output: shown for a Dockerfile step, a first-seen stage
-        (its first two words) and otherwise at most every 10 s."""
+        """Takes a line of tool output: shown for a Dockerfile step, otherwise at most every
+        10 s (and, in log lines, for a first-seen stage: its first two words)."""
         line = line.rstrip()
         if not line:
             return
         self.tail.append(line)
         stage = " ".join(line.split()[:2])
-        if line.startswith("Step ") or stage not in self.stages or time.monotonic() - self.last > 10:
+        first = self.bar is None and stage not in self.stages
+        if line.startswith("Step ") or first or time.monotonic() - self.last > 10:
             self.stages.add(stage)
             self.say(line[:160])
 
+    def close(self, msg: str | None = None) -> None:
+        """Ends the image's line, with ``msg`` when given (safe to call twice)."""
+        if self.bar is None:
+            if msg:
+                self.say(msg)
+        elif not self.bar.disable:
+            if msg:
+                self.bar.set_description_str(msg, refresh=False)
+            self.bar.close()
+
     def fail(self, msg: str) -> RuntimeError:
         """An error carrying the last lines of output."""
+        self.close(f"failed building {self.what}: {msg}")
         return RuntimeError(f"{self.what}: {msg}\n--- last output ---\n" + "\n".join(self.tail))
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(None if kind is None else f"failed building {self.what}")
 
 
 # ---- image directories --------------------------------------------------------------
@@ -254,6 +312,67 @@ def is_offline(client: docker.DockerClient) -> bool:
     return not (result and result[0])
 
 
+def registries_answer() -> bool:
+    """Whether a package registry (:data:`PACKAGE_REGISTRIES`) answers from here (asked once per process;
+    ``NEXTSTATE_OFFLINE=1``: no)."""
+    if os.environ.get("NEXTSTATE_OFFLINE", "").strip().lower() in {"1", "true", "yes"}:
+        return False
+    return _registries_answer()
+
+
+@functools.cache
+def _registries_answer() -> bool:
+    for url in PACKAGE_REGISTRIES:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def build_network(allowed: bool = True) -> str | None:
+    """The network of a task's build: the default bridge while a package registry answers (so its
+    ``apt-get`` and ``pip`` work), ``none`` when none does, when ``allowed`` is false or when the user
+    asks with ``NEXTSTATE_BUILD_NETWORK=none``."""
+    if os.environ.get("NEXTSTATE_BUILD_NETWORK", "").strip().lower() == "none" or not allowed:
+        return "none"
+    return None if registries_answer() else "none"
+
+
+def host_ca_bundle(explicit: str | None = None) -> Path | None:
+    """The CA bundle builds trust: ``explicit``, else the host's pip/requests/OpenSSL bundle."""
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ValueError(f"--ca-bundle {explicit}: no such file")
+        return Path(explicit)
+    for candidate in (*(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def trusting_host_ca(text: str, name: str) -> str:
+    """A Dockerfile that copies the context's ``name`` (the host's CA bundle) into each stage and points
+    :data:`CA_VARIABLES` at it as build ARGs."""
+    args = "".join(f"ARG {var}={BUILD_CA}\n" for var in CA_VARIABLES)
+    return _FROM.sub(lambda m: f"{m.group(0)}\nCOPY {name} {BUILD_CA}\n{args.rstrip()}", text)
+
+
+def failure_reason(lines: Iterable[str]) -> str:
+    """Why a build failed, from its output: a package not found, no network, an untrusted certificate,
+    a full disk; else the failing step."""
+    text = "\n".join(lines)
+    for pattern, reason in BUILD_FAILURES:
+        found = re.search(pattern, text)
+        if found:
+            return reason.format(next((g for g in found.groups() if g), ""))
+    step = re.findall(r"The command '(.*?)' returned a non-zero code: (\d+)", text)
+    if step:
+        return f"`{step[-1][0][:200]}` exited with {step[-1][1]}"
+    return "see the last output"
+
+
 def docker_build(
     client: docker.DockerClient,
     directory: Path,
@@ -264,19 +383,26 @@ def docker_build(
     labels: dict[str, str] | None = None,
     network: str | None = None,
     dockerfile: str | None = None,
+    timeout: float | None = None,
 ) -> str:
     """Runs one `docker build` (of `dockerfile`, default the directory's), streaming its
-    steps; returns the image id."""
+    steps; returns the image id. The error of a failed build says why (:func:`failure_reason`);
+    one past `timeout` seconds (checked as its output comes) is stopped."""
     progress.say(f"docker build {directory.name} ({' '.join(f'{k}={v}' for k, v in buildargs.items())})")
     image_id = None
+    deadline = time.monotonic() + timeout if timeout else float("inf")
     stream = client.api.build(
         path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None,
         network_mode=network, rm=True, forcerm=True, pull=False, decode=True, dockerfile=dockerfile,
     )
     for chunk in stream:
+        if time.monotonic() > deadline:
+            stream.close()
+            raise progress.fail(f"docker build of {directory} failed: it ran past its {timeout:g} s build timeout")
         if "error" in chunk:
             progress.feed(chunk["error"])
-            raise progress.fail(f"docker build of {directory} failed")
+            raise progress.fail(f"docker build of {directory} failed: {failure_reason(progress.tail)}"
+                                + (" (built with --network=none)" if network == "none" else ""))
         for line in chunk.get("stream", "").splitlines():
             progress.feed(line)
         image_id = (chunk.get("aux") or {}).get("ID", image_id)
@@ -425,7 +551,7 @@ def finish(client: docker.DockerClient, tag: str, old: dict | None, progress: Pr
             client.api.remove_image(old["Id"])
         except docker.errors.APIError:
             pass  # still used by a container or a child image
-    progress.say(f"built {tag} ({new[7:19]})")
+    progress.close(f"built {tag} ({new[7:19]}) in {time.monotonic() - progress.start:.1f}s")
     return Built(tag, new, cached=False)
 
 
@@ -451,9 +577,7 @@ def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: st
             old: dict | None, force: bool, offline: bool | None) -> Built:
     """The uncached part of `build`."""
     tag = tag_of(name)
-    progress = Progress(name)
     offline = is_offline(client) if offline is None else offline
-    progress.say(f"building {tag} {'offline' if offline else 'online'}")
     parent = parent_of(dirs[-1])
     own = read_packages(dirs[-1])
     if parent is not None and not (offline and own):
@@ -461,9 +585,11 @@ def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: st
         todo = dirs[-1:]
     else:
         base, todo = None, dirs
-    build_chain(client, todo, tag, digest, progress, base=base, offline=offline, force=force,
-                network="none" if offline else None)
-    return finish(client, tag, old, progress)
+    with Progress(name) as progress:
+        progress.say(f"{tag} {'offline' if offline else 'online'}")
+        build_chain(client, todo, tag, digest, progress, base=base, offline=offline, force=force,
+                    network="none" if offline else None)
+        return finish(client, tag, old, progress)
 
 
 def ensure_image(name: str = "terminal", client: docker.DockerClient | None = None) -> str:
@@ -477,9 +603,10 @@ def build_image(
     *,
     base: str | None = None,
     dockerfile: str | os.PathLike[str] | None = None,
-    network: bool = False,
+    network: bool = True,
     client: docker.DockerClient | None = None,
     force: bool = False,
+    timeout: float | None = None,
 ) -> str:
     """Builds any Dockerfile directory (a task's image); returns `tag`.
 
@@ -490,9 +617,11 @@ def build_image(
     when they are ours.  `dockerfile` (default ``Dockerfile`` in the
     directory; relative paths are to it) may lie anywhere.  Cached by a hash
     of the directory, the Dockerfile as built and the image ids of its bases.
-    Offline the build has no network (``--network=none``) unless `network`,
-    and a ``packages.txt`` is honoured when `base` is ours (its chain is
-    rebuilt on a rootfs that has them).
+    The build has the network while a package registry answers, trusting the
+    host's CA bundle (:func:`build_network`; ``network=False`` or
+    ``NEXTSTATE_BUILD_NETWORK=none``: ``--network=none``). Offline a
+    ``packages.txt`` is honoured when `base` is ours (its chain is rebuilt on
+    a rootfs that has them). `timeout`: seconds the build may take.
     """
     client = client or connect()
     directory = Path(context_dir).resolve()
@@ -521,25 +650,35 @@ def build_image(
         old = image_info(client, tag)
         if not force and image_label(old, HASH_LABEL) == digest:
             return tag
-        progress = Progress(tag)
         offline = is_offline(client)
         on = [f"{ref} as {local}" for ref, local in bases.items()] + ([base_ref] if base_ref else [])
-        progress.say(f"building {tag} from {source} on {', '.join(on) or 'its own FROM'} "
-                     f"{'offline' if offline else 'online'}")
-        net = "none" if offline and not network else None
-        if offline and ours and read_packages(directory):
-            dirs = chain(image_dir(ours)) + [directory]
-            build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force, network=net)
-        else:
-            args = {**({"OFFLINE": "1"} if offline else {}), "BASE": base_ref} if base_ref else {}
-            with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
-                path = None  # the directory's own Dockerfile; else the rewritten one, sent with the context
-                if text != original or source != directory / "Dockerfile":
-                    path = Path(scratch) / "Dockerfile"
-                    path.write_text(text)
-                docker_build(client, directory, args, progress, tag=tag, labels={HASH_LABEL: digest},
-                             network=net, dockerfile=str(path) if path else None)
-        finish(client, tag, old, progress)
+        with Progress(tag) as progress:
+            progress.say(f"building {tag} from {source} on {', '.join(on) or 'its own FROM'} "
+                         f"{'offline' if offline else 'online'}")
+            net = build_network(network)
+            progress.say("the build has the network" if net is None else "the build has no network (--network=none)")
+            if offline and ours and read_packages(directory):
+                dirs = chain(image_dir(ours)) + [directory]
+                build_chain(client, dirs, tag, digest, progress, base=None, offline=True, force=force, network=net)
+            else:
+                args = {**({"OFFLINE": "1"} if offline else {}), "BASE": base_ref} if base_ref else {}
+                bundle = host_ca_bundle() if net is None else None
+                with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
+                    context, path = directory, None  # the directory's own Dockerfile; else a rewritten one
+                    if bundle is not None:  # a copy of the context that holds the host's CA bundle too
+                        context = Path(scratch) / "context"
+                        shutil.copytree(directory, context, symlinks=True)
+                        shutil.copy(bundle, context / "nextstate-host-ca.crt")
+                        ignore = context / ".dockerignore"
+                        if ignore.is_file():
+                            ignore.write_text(ignore.read_text() + "\n!nextstate-host-ca.crt\n")
+                        text = trusting_host_ca(text, "nextstate-host-ca.crt")
+                    if text != original or source != directory / "Dockerfile":
+                        path = Path(scratch) / "Dockerfile"
+                        path.write_text(text)
+                    docker_build(client, context, args, progress, tag=tag, labels={HASH_LABEL: digest},
+                                 network=net, dockerfile=str(path) if path else None, timeout=timeout)
+            finish(client, tag, old, progress)
     return tag
 
 

@@ -1,4 +1,8 @@
-"""``python -m envs validate FAMILY [--tasks PATH] [--parallel N]``: the oracle check."""
+"""``python -m envs validate FAMILY [--tasks PATH] [--parallel N]``: the oracle check.
+
+FAMILY is a registered family, ``module:family`` (the module is imported first and
+registers it), or the name of a module that registers a family of the same name.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("validate", help="run every task with its reference solution and with "
                            "doing nothing; exit 1 if any task is unsound")
-    check.add_argument("family", help=", ".join(registry.names()))
+    check.add_argument("family", help=f"{', '.join(registry.names())}; a family of your own: "
+                       "MODULE:NAME (imports MODULE, which registers NAME), or NAME when its module is named NAME")
     check.add_argument("--tasks", help="task directory or file (default: the built-in set)")
     check.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
     check.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],

@@ -88,19 +88,26 @@ def register(name: str, entry_point: type | str, *, id: str | None = None,
 def spec(name: str) -> EnvFamily:
     """The record of family ``name``; a one-line ``ValueError`` naming the known ones if none."""
     if name not in _FAMILIES:
-        raise ValueError(f"unknown env {name!r}; known: {', '.join(names())}")
+        raise ValueError(f"unknown env {name!r}; known: {', '.join(names())} "
+                         "(a family of your own: MODULE:NAME, or NAME for a module of that name)")
     return _FAMILIES[name]
 
 
 def resolve(ref: str) -> str:
-    """The family name of ``ref``; ``"package.module:name"`` imports the module first (where the
-    family registers itself), as ``gymnasium.make("module:Env-v0")`` does."""
+    """The family name of ``ref``, importing the module that registers it when need be.
+
+    ``"package.module:name"`` imports ``package.module`` first, as
+    ``gymnasium.make("module:Env-v0")`` does; a bare name that is not registered yet is
+    imported as a module of that name (``count`` for a ``count.py`` that registers ``count``).
+    """
     module, sep, name = ref.rpartition(":")
-    if sep:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ValueError(f"cannot import {module!r} for env {name!r}: {e}") from None
+    if not sep and name in _FAMILIES:
+        return name
+    try:
+        importlib.import_module(module or name)
+    except ImportError as e:
+        if sep or not (isinstance(e, ModuleNotFoundError) and e.name == name):  # not just "no such module"
+            raise ValueError(f"cannot import {module or name!r} for env {name!r}: {e}") from None
     return name
 
 

@@ -9,6 +9,7 @@ Families that name none get :func:`check_oracles`, which plays the env's
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,12 +30,19 @@ class Check:
     task_id: str
     ok: bool
     reason: str = ""
+    seconds: float | None = None  # None: never ran (it could not be loaded)
+
+    def line(self) -> str:
+        """``ok   ID  (12.3 s)`` or ``FAIL ID  (12.3 s): reason``."""
+        took = "" if self.seconds is None else f"  ({self.seconds:.1f} s)"
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.task_id}{took}" + ("" if self.ok else f": {self.reason}")
 
 
 def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
     """The env class and check of ``family`` (from its registry record)."""
     if family not in registry.names():
-        raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())}")
+        raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())} "
+                         "(a family of your own: MODULE:NAME, or NAME for a module of that name)")
     record = registry.spec(family)
     return record.env_class(), record.check() or check_oracles
 
@@ -44,8 +52,8 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     """Check every task of ``family`` (from ``tasks``, default the built-in set) on ``parallel`` workers.
 
     A task that cannot be loaded, built or started fails with its reason; the
-    others still run. With ``progress``, shows a progress bar and prints each
-    failure as it comes. ``env_kwargs`` go to the env (e.g. ``user``).
+    others still run. With ``progress``, shows a progress bar and prints a line
+    per task as it finishes (verdict, seconds, and why a failure failed). ``env_kwargs`` go to the env (e.g. ``user``).
     """
     env_cls, check = validator(family)
     kw = dict(env_kwargs or {})
@@ -59,7 +67,7 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     failed = [Check(name, False, f"could not load: {why}") for name, why in broken]
     if progress:
         for c in failed:
-            tqdm.write(f"FAIL {c.task_id}: {c.reason}")
+            tqdm.write(c.line())
     if not loaded:
         if not failed:
             raise ValueError(f"no {family} tasks found in {tasks}")
@@ -68,12 +76,13 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
     envs = EnvCache(lambda: env_cls(loaded, pool=pool, backend=backend, **kw))
 
     def one(task: Task) -> Check:
+        start = time.monotonic()
         with envs.env() as env:
             try:
                 reason = check(env, task)
             except Exception as e:  # a broken task must not stop the others
                 reason = one_line(e)
-        return Check(task.id, reason is None, reason or "")
+        return Check(task.id, reason is None, reason or "", round(time.monotonic() - start, 1))
 
     checks = failed
     try:
@@ -82,8 +91,8 @@ def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str 
             for fut in as_completed([ex.submit(one, t) for t in loaded]):
                 checks.append(fut.result())
                 bar.update()
-                if progress and not checks[-1].ok:
-                    tqdm.write(f"FAIL {checks[-1].task_id}: {checks[-1].reason}")
+                if progress:
+                    tqdm.write(checks[-1].line())
     finally:
         envs.close()
         if pool is not None:

@@ -103,6 +103,24 @@ def test_build_image_on_terminal(client: docker.DockerClient, terminal: str, tmp
         client.images.remove(tag, force=True)
 
 
+def test_a_task_image_build_is_one_progress_line(client: docker.DockerClient, terminal: str, tmp_path: Path,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    """What a first ``reset()`` prints while it builds a task's image: one line, redrawn in place
+    (its ``\r`` updates show the Dockerfile steps), ending in what was built."""
+    (tmp_path / "Dockerfile").write_text("ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\n"
+                                         f"RUN echo {uuid.uuid4().hex} > /tmp/one\nRUN echo two > /tmp/two\nWORKDIR /app\n")
+    tag = f"nextstate-test/task-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        capfd.readouterr()
+        build_image(tmp_path, tag, client=client)
+        err = capfd.readouterr().err
+        lines = [line for line in err.split("\n") if line.strip()]
+        assert len(lines) == 1, lines
+        assert "Step 3/" in lines[0] and lines[0].split("\r")[-1].startswith(f"built {tag}")
+    finally:
+        client.images.remove(tag, force=True)
+
+
 def test_reap_removes_dead_owner_only(client: docker.DockerClient, terminal: str, run_id: str) -> None:
     orphan = start(client, terminal, {**owner_labels(run_id), PID_LABEL: str(dead_pid())})
     owned = start(client, terminal, owner_labels(run_id))

@@ -1,4 +1,4 @@
-"""The base contract, through a complete small env defined here (the README's example)."""
+"""The base contract, through a complete small env defined here (the one docs/adding-an-environment.md builds)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from envs.pool import SandboxPool
 pytestmark = pytest.mark.docker
 
 
-# ---- the README example: a complete env in under 40 lines ----------------------------------
+# ---- the guide's example (docs/adding-an-environment.md): a complete env in under 40 lines ----
 class CountEnv(NextStateEnv):
     """How many files are in /app/box? Look with bash, then submit the number."""
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,37 @@ def test_builtin_tasks_are_complete():
         assert t.instruction and spec["check"] and spec["solution"], t.id
         site = Path(t.data["dir"]).parent / spec.get("site", t.id)
         assert (site / spec.get("page", "index.html")).is_file(), t.id
+
+
+EMPTY_PAGE = """
+const document = {querySelector: () => null, querySelectorAll: () => [], getElementById: () => null};
+const localStorage = {getItem: () => null};
+const location = {pathname: '/', search: '', href: 'about:blank'};
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the checks' JavaScript")
+def test_every_builtin_check_reports_failure_on_an_empty_page_instead_of_raising():
+    """A page without the task's elements (still loading, or another tab): each check says false, or the
+    error it met; none throws (table-sort's read `.dataset` of null and the controller answered 500)."""
+    from envs.gui.env import checker_js
+
+    checks = {t.id: t.data["builtin"]["check"] for t in builtin_tasks()}
+    script = EMPTY_PAGE + "console.log(JSON.stringify({" + ", ".join(
+        f"{json.dumps(name)}: {checker_js(check)}" for name, check in checks.items()) + "}));"
+    ran = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    verdicts = json.loads(ran.stdout)
+    assert set(verdicts) == set(checks) and all(v is False or "error" in v for v in verdicts.values())
+    assert "dataset" in verdicts["table-sort"]["error"]
+    assert subprocess.run(["node", "-e", EMPTY_PAGE + f"console.log({checker_js('1 === 1')})"],
+                          capture_output=True, text=True).stdout.strip() == "true"
+
+
+def test_gui_outcomes_are_in_minus_one_to_one_like_every_family():
+    from envs.gui.env import outcome_of
+
+    assert (outcome_of(0.0), outcome_of(1.0), outcome_of(0.5)) == (-1.0, 1.0, 0.0)
 
 
 def test_computer13_translation():
@@ -143,6 +177,24 @@ def test_episode_clicks_and_types_to_success(env):
 
 @pytest.mark.docker
 @pytest.mark.browser
+def test_the_first_screenshot_shows_the_painted_page_and_invalid_actions_recapture(env):
+    """calculator's 16 buttons are on the first screenshot, not a white page; after an invalid action the
+    observation holds the screen as it is now."""
+    import numpy as np
+
+    obs, _ = env.reset(options={"task": "calculator"})
+    pixels = np.asarray(obs["screenshot"])
+    not_white = (pixels.min(axis=2) < 200).mean()
+    assert not_white > 0.01 and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 20, not_white
+    env.desktop.client.eval_js("document.body.style.background = 'rgb(0, 0, 0)'; true")
+    time.sleep(0.5)
+    after, _, _, _, info = env.step({"action_type": "JUMP"})
+    assert not info["next_state"]["valid"]
+    assert after["screenshot"].tobytes() != obs["screenshot"].tobytes()
+
+
+@pytest.mark.docker
+@pytest.mark.browser
 def test_wrong_episode_fails_and_bad_actions_are_observed(env):
     obs, _ = env.reset(options={"task": "signup-form"})
     _, _, _, _, info = env.step("pyautogui.click(")  # not Python
@@ -154,7 +206,7 @@ def test_wrong_episode_fails_and_bad_actions_are_observed(env):
     env.step({"action_type": "CLICK", "x": box["cx"], "y": box["cy"]})
     env.step({"action_type": "TYPING", "text": "wrong@example.com"})
     _, reward, done, _, info = env.step("DONE")
-    assert done and reward == 0.0 and info["outcome"]["check"] is False
+    assert done and reward == -1.0 and info["outcome"]["check"] is False
 
 
 @pytest.mark.docker
@@ -165,7 +217,7 @@ def test_scripted_solution_passes_and_nothing_fails(env, task_id):
     reward, info = play(env, env.oracle_actions(env.task, "gold"))
     assert reward == 1.0, info["outcome"]
     env.reset(options={"task": task_id})
-    assert env.step("DONE")[1] == 0.0
+    assert env.step("DONE")[1] == -1.0
 
 
 @pytest.mark.docker
@@ -227,7 +279,7 @@ def test_skipped_and_infeasible_osworld_tasks(env):
     env.reset(options={"task": "bluetooth-infeasible"})
     assert play(env, env.oracle_actions(env.task, "gold"))[0] == 1.0  # the oracle says FAIL
     env.reset(options={"task": "bluetooth-infeasible"})
-    assert env.step("DONE")[1] == 0.0
+    assert env.step("DONE")[1] == -1.0
     env.reset(options={"task": "do-not-track"})
     with pytest.raises(NoSolution):
         next(env.solve())
@@ -239,7 +291,7 @@ def test_default_font_size_is_not_the_largest(env):
     """The af630914 false positive: Chromium's default 16 must not pass min 16 < size."""
     env.reset(options={"task": "font-size-largest"})
     _, reward, done, _, info = env.step("DONE")
-    assert done and reward == 0.0
+    assert done and reward == -1.0
     assert info["outcome"]["metrics"][0]["result"]["default_font_size"] == 16
 
 

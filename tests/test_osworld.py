@@ -132,6 +132,10 @@ def test_windows_detection():
         "command": "printf 'a:b\\\\c' > /tmp/x; python3 -c 'print(1)'", "shell": True}}],
              "evaluator": {"func": "infeasible"}}
     assert not osworld.is_windows(linux)
+    office = {"instruction": "Copy the totals into the slides.", "config": [],
+              "related_apps": ["Excel", "PowerPoint", "Word"], "evaluator": {"func": "compare_pptx_files"}}
+    assert osworld.is_windows(office)  # no path or command says so: the apps do
+    assert not osworld.is_windows({**office, "related_apps": ["libreoffice_calc", "vlc"]})
 
 
 def test_evaluate_reports_malformed_and_windows_tasks_as_skipped_by_id(tmp_path):

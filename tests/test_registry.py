@@ -84,6 +84,23 @@ def test_the_trainer_imports_the_module_of_module_colon_family(guess, tmp_path, 
     assert "error: cannot import 'no_such_module' for env 'guess'" in capsys.readouterr().err
 
 
+def test_a_bare_name_that_is_not_registered_imports_the_module_of_that_name(tmp_path, monkeypatch, capsys):
+    """``python -m envs validate count`` finds the family a ``count.py`` registers."""
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry._FAMILIES))
+    (tmp_path / "guess_by_name.py").write_text(
+        f"from envs import registry\nfrom {__name__} import GuessEnv\n"
+        "registry.register('guess_by_name', GuessEnv, id='nextstate/GuessByName-v0')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert registry.resolve("guess_by_name") == "guess_by_name"
+        assert registry.spec("guess_by_name").env_class() is GuessEnv
+    finally:
+        gymnasium.envs.registry.pop("nextstate/GuessByName-v0", None)
+    from envs.__main__ import main
+    assert main(["validate", "no_such_family"]) == 1
+    assert "no validator for 'no_such_family'" in capsys.readouterr().err
+
+
 def test_one_training_step_on_a_newly_registered_family(guess, tmp_path):
     """The local backend with the tiny model: rollouts, the policy-as-judge on the default
     template, one update and a checkpoint."""

@@ -197,7 +197,8 @@ def test_swebench_test_spec_of_a_django_row():
 
 def test_plain_rows_of_a_repo_without_an_install_spec_are_refused_clearly():
     plain = {k: v for k, v in DJANGO_ROW.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
-    with pytest.raises(ValueError, match="no install spec for django/django.*NEXTSTATE_SWE_SPECS"):
-        load_instances([plain])
+    moto = {**plain, "repo": "getmoto/moto", "instance_id": "getmoto__moto-1"}
+    with pytest.raises(ValueError, match="no install spec for getmoto/moto.*out of scope.*NEXTSTATE_SWE_SPECS"):
+        load_instances([moto])
     with pytest.raises(InstanceError, match="no image, eval_script, log_parser, eval_type"):
         make_test_spec(plain)  # not loaded: nothing derived

@@ -4,12 +4,14 @@ run of them fails (no Docker; the rows and the repository are written here)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from envs.swe.images import (CONDA_STANDIN, ca_bundle_path, repo_path, requirements, setup_env_script,
+from containers.build import host_ca_bundle
+from envs.swe.images import (CONDA_STANDIN, repo_path, requirements, setup_env_script,
                                    setup_repo_script, write_context)
 from envs.swe import instance_task
 from envs.swe import test_command as eval_test_command
@@ -151,9 +153,9 @@ def test_build_context_clones_from_the_source_and_trusts_the_ca(repo, tmp_path):
     row = complete_row(plain_row(base, setup))
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
-    assert ca_bundle_path(str(bundle)) == bundle
-    with pytest.raises(SpecError, match="no such file"):
-        ca_bundle_path(str(tmp_path / "missing.pem"))
+    assert host_ca_bundle(str(bundle)) == bundle
+    with pytest.raises(ValueError, match="no such file"):
+        host_ca_bundle(str(tmp_path / "missing.pem"))
     context = tmp_path / "ctx"
     context.mkdir()
     digest = write_context(row, context, repo_source=str(source), ca_bundle=bundle)
@@ -205,3 +207,148 @@ def test_model_name_or_path_is_the_model():
     assert model_name(Served(), "http://127.0.0.1:8000/v1") == "Qwen/Qwen3-8B"
     assert model_name(Local(), "/models/tiny") == "/models/tiny"
     assert model_name("gold", "gold") == "gold"
+
+
+LITE_REPOS = ("astropy/astropy", "django/django", "matplotlib/matplotlib", "mwaskom/seaborn", "pallets/flask",
+              "psf/requests", "pydata/xarray", "pylint-dev/pylint", "pytest-dev/pytest",
+              "scikit-learn/scikit-learn", "sphinx-doc/sphinx", "sympy/sympy")
+
+
+@pytest.fixture(scope="module")
+def swebench4(tmp_path_factory):
+    """swebench 4.1's Python constants module, read from its wheel (swebench 5, installed here, no longer
+    ships the specs). The wheel comes from PyPI with pip; without PyPI the comparison cannot be made."""
+    import importlib.util
+    import sys
+    import zipfile
+
+    folder = tmp_path_factory.mktemp("swebench4")
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "swebench==4.1.0",
+                          "-d", str(folder)], capture_output=True, text=True)
+    wheels = list(folder.glob("swebench-4.1.0-*.whl"))
+    if not wheels:
+        pytest.skip(f"swebench 4.1.0 cannot be downloaded here: {got.stderr.strip()[-300:]}")
+    source = folder / "python.py"
+    source.write_bytes(zipfile.ZipFile(wheels[0]).read("swebench/harness/constants/python.py"))
+    spec = importlib.util.spec_from_file_location("swebench4_constants_python", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # plain data: no imports
+    return module
+
+
+def test_specs_are_swebench_4s_for_every_python_repository(swebench4):
+    """Every Python repository and version of swebench 4.1's table, field for field; Lite's 12 among them."""
+    theirs = {r: v for r, v in swebench4.MAP_REPO_VERSION_TO_SPECS_PY.items() if r != "swe-bench/humaneval"}
+    ours = specs()
+    assert set(LITE_REPOS) <= set(ours) and set(ours) == set(theirs)
+    for repo, versions in theirs.items():
+        assert set(ours[repo]) == set(versions), repo
+        for version, spec in versions.items():
+            mine = dict(ours[repo][version])
+            if "requirements" in mine:  # swebench names the kind, and the paths in a table of its own
+                assert mine.pop("requirements") == swebench4.MAP_REPO_TO_REQS_PATHS[repo]
+                mine["packages"] = "requirements.txt"
+            if "environment" in mine:
+                assert mine.pop("environment") == swebench4.MAP_REPO_TO_ENV_YML_PATHS[repo]
+                mine["packages"] = "environment.yml"
+            assert mine == spec, f"{repo} {version}"
+
+
+@pytest.mark.parametrize("repo", LITE_REPOS)
+def test_a_plain_row_of_every_lite_repository_loads_with_swebench_fields(repo):
+    """The eval script runs the spec's test command on the test patch's files (Django's as modules)."""
+    version = max(specs()[repo], key=lambda v: [int(x) for x in re.findall(r"\d+", v)])
+    row = plain_row("a" * 40, "b" * 40, repo=repo, version=version, instance_id=repo.replace("/", "__") + "-1")
+    [loaded] = load_instances([row])
+    spec = spec_of(row)
+    directive = "test_api" if repo == "django/django" else "tests/test_api.py"
+    assert f"{spec['test_cmd']} {directive}\n" in loaded["eval_script"]
+    assert all(command in loaded["eval_script"] for command in spec.get("eval_commands", []))
+    assert loaded["log_parser"].startswith("parse_log_") and make_test_spec(loaded).instance_id == row["instance_id"]
+
+
+def test_non_python_repositories_are_named_out_of_scope():
+    row = plain_row("a" * 40, "b" * 40, repo="Automattic/wp-calypso", version="10.0",
+                    instance_id="Automattic__wp-calypso-1")
+    with pytest.raises(SpecError, match="Multimodal and Multilingual.*out of scope"):
+        load_instances([row])
+
+
+def test_package_lists_and_conda_environment_files_reach_pip(repo, tmp_path):
+    """swebench's conda ``packages`` are pip-installed; an environment file gives its ``pip:`` list."""
+    source, setup, base = repo
+    requests = spec_of(plain_row(base, setup, repo="psf/requests", version="2.0"))
+    assert "python -m pip install pytest\n" in setup_env_script(requests)
+    work = source / "pallets+flask"
+    (work / "environment.yml").write_text("dependencies:\n  - python=3.10\n  - numpy\n  - pip:\n"
+                                          "    - hypothesis==6.0\n    - -e .\n")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "env")
+    row = plain_row(git(work, "rev-parse", "HEAD"), git(work, "rev-parse", "HEAD"))
+    assert requirements(row, {"environment": ["ci/environment.yml", "environment.yml"]}, str(source)) == \
+        "hypothesis==6.0\n"
+
+
+def test_ids_choose_rows_before_specs_are_needed(tmp_path):
+    """`--ids` on a file whose other rows have no spec (R2E-Gym, an unlisted repo): the chosen row loads."""
+    rows = tmp_path / "rows.jsonl"
+    good = plain_row("a" * 40, "b" * 40)
+    rows.write_text("\n".join(json.dumps(r) for r in (
+        good, {**good, "instance_id": "getmoto__moto-1", "repo": "getmoto/moto", "version": "4.1"},
+        {"docker_image": "namanjain12/orange3_final:abc", "parsed_commit_content": "{}"})) + "\n")
+    assert [r["instance_id"] for r in load_instances(str(rows), ["pallets__flask-1"])] == ["pallets__flask-1"]
+    with pytest.raises(SpecError, match="getmoto/moto"):
+        load_instances(str(rows), ["getmoto__moto-1"])
+    with pytest.raises(ValueError, match="unknown instance ids .*: nope"):
+        load_instances(str(rows), ["nope"])
+
+
+def test_export_writes_rows_swebenchs_own_harness_reads(tmp_path):
+    """`python -m containers export-swe`: the completed rows load with swebench's own loader and make_test_spec,
+    which fail on the plain rows (KeyError: 'image')."""
+    from swebench.harness.utils import load_swebench_dataset
+    from swebench.harness.utils import make_test_spec as swebench_test_spec
+
+    from containers.__main__ import main
+
+    plain, out = tmp_path / "lite.jsonl", tmp_path / "lite.harness.jsonl"
+    plain.write_text(json.dumps(plain_row("a" * 40, "b" * 40)) + "\n"
+                     + json.dumps(plain_row("a" * 40, "b" * 40, repo="getmoto/moto", instance_id="m-1")) + "\n")
+    with pytest.raises(KeyError, match="image"):
+        swebench_test_spec(load_swebench_dataset(str(plain))[0])
+    assert main(["export-swe", "--tasks", str(plain), "--ids", "pallets__flask-1", "--out", str(out)]) == 0
+    [row] = load_swebench_dataset(str(out))
+    spec = swebench_test_spec(row)
+    assert spec.image == "sweb.eval.x86_64.pallets__flask-1:latest" and "pytest -rA tests/test_api.py" in spec.eval_script
+
+
+def test_the_repository_source_is_no_part_of_an_images_identity(repo, tmp_path, monkeypatch):
+    """The context of a build from a local source and of one from GitHub hash alike. GitHub can't be
+    reached here: its raw file reads are served from the same local repository (a stand-in)."""
+    import envs.swe.images as images
+
+    source, setup, base = repo
+    row = complete_row(plain_row(base, setup))
+    local = tmp_path / "local"
+    local.mkdir()
+    from_local = write_context(row, local, repo_source=str(source), ca_bundle=None)
+    read_local = images.read_at
+    monkeypatch.setattr(images, "read_at", lambda r, s, c, p: read_local(r, str(source), c, p))
+    github = tmp_path / "github"
+    github.mkdir()
+    assert write_context(row, github, repo_source=None, ca_bundle=None) == from_local
+    assert "https://github.com/pallets/flask" in (github / "setup_repo.sh").read_text()
+
+
+def test_a_grade_names_network_failures():
+    from envs.swe.grading import Grade, _with_network
+
+    log = ("FAILED tests/test_requests.py::test_HTTP_200_OK_GET - requests.exceptions.ConnectionError: "
+           "HTTPConnectionPool(host='httpbin.org', port=80): Max retries exceeded (Caused by NewConnectionError("
+           "'Failed to establish a new connection: [Errno -3] Temporary failure in name resolution'))")
+    graded = _with_network(Grade(False, "some tests fail"), log)
+    assert graded.network_failure and "need the internet" in graded.reason
+    assert "Temporary failure in name resolution" in graded.reason
+    assert _with_network(Grade(False, "some tests fail"), "FAILED tests/x.py::t - assert 1 == 2").reason == \
+        "some tests fail"
+    assert _with_network(Grade(True), log).reason is None  # a resolved grade is not blamed on anything

@@ -202,3 +202,142 @@ def test_training_config_sets_user_and_tmux() -> None:
     assert env_kwargs(load_config("terminal")) == {}
     cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
     assert env_kwargs(cfg) == {"user": "root", "tmux": True}
+
+
+def _play(script: str, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
+    """Runs a tmux script on this machine with a tmux server of its own."""
+    import subprocess
+
+    env = {**__import__("os").environ, "TMUX_TMPDIR": str(tmp_path)}
+    try:
+        return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
+def test_a_blocking_solution_step_signals_on_its_own_line(tmp_path: Path) -> None:
+    """terminal-bench types ``; tmux wait-for -S`` on the command's line: bash runs it and the wait ends."""
+    from envs.terminal.env import solution_keys_script
+
+    out = tmp_path / "out"
+    steps = [{"command": f"echo one > {out}", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
+              "max_timeout_sec": 60.0},
+             {"command": f"echo two >> {out}", "block": False, "append_enter": True, "min_timeout_sec": 0.5,
+              "max_timeout_sec": 60.0}]
+    ran = _play(solution_keys_script(steps, 90), tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "syntax error" not in ran.stdout and out.read_text().split() == ["one", "two"]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
+def test_a_solution_step_past_its_time_is_interrupted_and_stops_the_rest(tmp_path: Path) -> None:
+    from envs.terminal.env import solution_keys_script
+
+    late = tmp_path / "late"
+    steps = [{"command": "sleep 301; echo finished", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
+              "max_timeout_sec": 2.0},
+             {"command": f"touch {late}", "block": False, "append_enter": True, "min_timeout_sec": 0.5,
+              "max_timeout_sec": 60.0}]
+    ran = _play(solution_keys_script(steps, 90) + "\nrc=$?; sleep 0.5; tmux capture-pane -p -t ns; exit $rc",
+                tmp_path)
+    assert ran.returncode == 124 and "step 1 did not finish in time" in ran.stderr
+    assert "^C" in ran.stdout and "finished" not in ran.stdout.replace("echo finished", "")
+    assert not late.exists()  # the next step was not typed
+
+
+@pytest.mark.docker
+def test_the_test_fallback_has_its_own_time_limit(tmp_path: Path, terminal_image: str) -> None:
+    """A run-tests.sh that downloads, with no network: the fallback pytest gets its own limit, not the
+    task's 2 s the script spent, and passes."""
+    task_dir = tmp_path / "slow-tests"
+    (task_dir / "tests").mkdir(parents=True)
+    (task_dir / "task.yaml").write_text("instruction: Nothing to do.\nmax_test_timeout_sec: 2\n")
+    (task_dir / "run-tests.sh").write_text("pip install nothing-here-offline\nsleep 30\n")
+    (task_dir / "tests" / "test_outputs.py").write_text("import time\n\ndef test_slow():\n    time.sleep(3)\n")
+    env = TerminalEnv(task_dir, backend="docker")
+    try:
+        env.reset(options={"task": "slow-tests"})
+        _, reward, done, _, info = env.step(call("finish"))
+    finally:
+        env.close()
+    assert done and reward == 1.0, info["outcome"]
+    assert "ran `python3 -m pytest $TEST_DIR/test_outputs.py -rA` instead" in info["outcome"]["tests_fallback"]
+
+
+def test_harbor_build_timeout_storage_and_workdir_are_honoured(tmp_path: Path) -> None:
+    d = tmp_path / "harbor-sized"
+    (d / "tests").mkdir(parents=True)
+    (d / "instruction.md").write_text("Do it.\n")
+    (d / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    (d / "task.toml").write_text('version = "1.0"\n[environment]\nbuild_timeout_sec = 900.0\nstorage_mb = 10240\n'
+                                 'workdir = "/srv/work"\nmemory = "4G"\n')
+    [task] = load_terminal_tasks(d)
+    assert (task.data["build_timeout"], task.data["disk"], task.data["memory"]) == (900.0, "10240m", "4g")
+    env = TerminalEnv(d, backend="local")
+    try:
+        overrides = env.sandbox_overrides(task)
+    finally:
+        env.close()
+    assert (overrides["disk"], overrides["workdir"], overrides["memory"]) == ("10240m", "/srv/work", "4g")
+
+
+def test_a_failed_build_says_why() -> None:
+    from containers.build import failure_reason
+
+    assert failure_reason(["Step 3/4 : RUN apt-get install -y tmux asciinema",
+                           "E: Unable to locate package asciinema",
+                           "The command '/bin/sh -c apt-get install -y tmux asciinema' returned a non-zero code: 100"]
+                          ) == "apt-get found no package asciinema"
+    assert failure_reason(["ERROR: No matching distribution found for pytest==8.4.1"]) == \
+        "pip found no package pytest==8.4.1"
+    assert failure_reason(["WARNING: Retrying ... NewConnectionError('Failed to establish a new connection: "
+                           "[Errno -3] Temporary failure in name resolution')",
+                           "ERROR: No matching distribution found for six"]) == "the build had no network"
+    assert failure_reason(["Err:1 http://deb.debian.org/debian bookworm InRelease",
+                           "  Temporary failure resolving 'deb.debian.org'"]) == "the build had no network"
+    assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
+    assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
+        "`/bin/sh -c make` exited with 2"
+
+
+def test_builds_get_the_network_while_registries_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not the image registry: the package registries decide; a user can still ask for none."""
+    import containers.build as build
+
+    monkeypatch.setattr(build, "registries_answer", lambda: True)
+    assert build.build_network() is None and build.build_network(allowed=False) == "none"
+    monkeypatch.setenv("NEXTSTATE_BUILD_NETWORK", "none")
+    assert build.build_network() == "none"
+    monkeypatch.delenv("NEXTSTATE_BUILD_NETWORK")
+    monkeypatch.setattr(build, "registries_answer", lambda: False)
+    assert build.build_network() == "none"
+    text = build.trusting_host_ca("FROM a AS one\nRUN x\nFROM one\nRUN pip install y\n", "ca.crt")
+    assert text.count(f"COPY ca.crt {build.BUILD_CA}") == 2 and f"ARG PIP_CERT={build.BUILD_CA}" in text
+
+
+@pytest.mark.docker
+def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_image: str, tmp_path: Path,
+                                                                      docker_client) -> None:
+    """A Dockerfile's pip install works where PyPI answers, whatever the image registries do (the host's CA
+    bundle trusted, not left in the image's environment); a missing package is named."""
+    from containers.build import registries_answer
+
+    if not registries_answer():
+        pytest.skip("no package registry answers here")
+    (tmp_path / "Dockerfile").write_text("ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nUSER root\n"
+                                         "RUN python3 -m pip download --no-deps -q -d /opt/got six\n")
+    tag = f"nextstate-test/pip-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        out = docker_client.containers.run(tag, ["sh", "-c", "ls /opt/got; env"], remove=True).decode()
+        assert "six-" in out and "PIP_CERT" not in out
+        (tmp_path / "Dockerfile").write_text("ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nUSER root\n"
+                                             "RUN python3 -m pip install --break-system-packages nextstate-no-such-package-0\n")
+        with pytest.raises(RuntimeError, match="failed: pip found no package nextstate-no-such-package-0"):
+            build_image(tmp_path, tag, client=docker_client)
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass

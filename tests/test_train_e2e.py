@@ -26,11 +26,12 @@ def _finite(row: dict) -> bool:
 
 def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     out = tmp_path / "run"
-    first = _train(out, "--steps", "2")
+    first = _train(out, "eval.tasks=procedural:1000000:2", "--steps", "2")   # held out: before step 1, after 2
     assert first.returncode == 0, first.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["eval/episodes"] == rows[2]["eval/episodes"] == 2
+    for r in rows[1:]:
         assert _finite(r)
         assert r["episodes"] == 4 and r["episode/length_mean"] >= 1
         assert r["batch/samples"] + r["batch/dropped_samples"] >= 4
@@ -41,7 +42,10 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     logged = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in logged}
     assert {"step", "judge", "trajectory"} <= kinds
-    assert sum(r["kind"] == "trajectory" for r in logged) == 8  # 2 steps x 4 episodes
+    ends = [r for r in logged if r["kind"] == "trajectory"]
+    assert sum(not r.get("heldout") for r in ends) == 8  # 2 steps x 4 episodes
+    assert sorted(r["train_step"] for r in ends if r.get("heldout")) == [0, 0, 2, 2]
+    assert all("grade" in r and r["grade"]["reward"] == r["outcome"] for r in ends)   # the grader's details
     assert all("next_state" in r and "messages" in r for r in logged if r["kind"] == "step")
     _viewer_reads(out, logged)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
@@ -55,8 +59,9 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     (half / "model" / "model.safetensors").write_bytes(b"partial")
     second = _train(out, "--steps", "3", "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resuming from step 2 of 3 ({out / 'checkpoints' / 'step_000002'}): 1 to go" in second.stderr
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3] and all(_finite(r) for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(_finite(r) for r in rows)
     assert json.loads((out / "checkpoints" / "step_000003" / "meta.json").read_text())["step"] == 3
     assert not half.exists()
 
@@ -72,6 +77,7 @@ def _viewer_reads(out: Path, logged: list[dict]) -> None:
     index = RunIndex(out)
     index.refresh()
     over = index.overview()
-    assert len(over["episodes"]) == 8 and over["config"]["rollout"]["samples_per_task"] == 2
+    assert len(over["episodes"]) == 8 + 4 and over["config"]["rollout"]["samples_per_task"] == 2
+    assert sum(e["heldout"] for e in over["episodes"]) == 4
     shown = [s for e in over["episodes"] for s in index.episode(e["id"])["steps_detail"] if s["advantage"] is not None]
     assert sorted(s["advantage"] for s in shown) == sorted(a["advantage"] for a in advantages)

@@ -96,3 +96,35 @@ def test_metrics_log_writes_jsonl_tensorboard_and_plot_and_truncates_on_resume(t
     resumed.close()
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["outcome/mean"] == 0.9
+
+
+@pytest.mark.parametrize("drop_constant", [True, False])
+def test_a_run_with_nothing_to_learn_from_says_so_once_with_what_to_try(tmp_path, capsys, drop_constant):
+    """A new family's first run: every action invalid, every episode fails alike, so every
+    advantage is 0 (build_batch drops the buckets, or keeps them at 0). After STALL_STEPS such
+    steps the log says so, once, in one line."""
+    from agents.trajectory import Step, Trajectory
+    from train.batch import build_batch
+    from train.config import AdvantageConfig
+    from train.metrics import STALL_STEPS
+
+    def failed(sample: int) -> Trajectory:
+        steps = [Step(role="agent", index=i, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0], text="?",
+                      action=None, next_state={"valid": False}, observation="", votes=[-1], vote_mean=-1.0)
+                 for i in range(2)]
+        return Trajectory("t", "t@s1", sample, family="count", steps=steps, outcome=-1.0, status="truncated")
+
+    nothing = build_batch([failed(s) for s in range(4)], AdvantageConfig(drop_constant=drop_constant),
+                          weight=1.0, role="agent").metrics
+    assert nothing["batch/samples"] == (0 if drop_constant else 8)
+    log = MetricsLog(tmp_path)
+    log.log(0, {"eval/success": 0.0})                       # held-out evaluation: no batch
+    said = {}
+    for step in range(1, STALL_STEPS + 3):
+        log.log(step, nothing)
+        said[step] = [x for x in capsys.readouterr().err.splitlines() if "nothing to learn from" in x]
+    log.close()
+    assert {k: len(v) for k, v in said.items()} == {k: int(k == STALL_STEPS) for k in said}
+    line = said[STALL_STEPS][0]
+    assert f"last {STALL_STEPS} steps" in line and "valid actions 0%" in line and "warm start" in line
+    assert "every advantage was 0" in line and "--model" in line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def test_math_cli_reports_failures(tmp_path: Path, capsys: pytest.CaptureFixture
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert main(["validate", "toolcall", "--tasks", str(path), "--parallel", "2"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL bad: the reference solution scored -1.00" in out and "'correct': False" in out
+    assert re.search(r"^FAIL bad  \(\d+\.\d s\): the reference solution scored -1.00", out, re.M)
+    assert re.search(r"^ok   ok  \(\d+\.\d s\)$", out, re.M) and "'correct': False" in out  # a line per task
     assert out.rstrip().endswith("1 passed, 1 failed")
 
 

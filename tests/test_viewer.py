@@ -9,6 +9,8 @@ skipped where either is missing, except in CI, where ``.ci/setup`` installs both
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -20,8 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.viewer import CHROMIUM, launch_chromium, record_gui_episode, write_run
+from bench.viewer import CHROMIUM, LogEnv, launch_chromium, record_gui_episode, write_run
 from agents.recorder import Recorder
+from agents.testing import ScriptedPolicy
+from envs.base import Task
+from train.batch import build_batch
+from train.config import AdvantageConfig
+from train.rollout import collect
 from train.evaluate import evaluate
 from train.view import RunIndex, export, image_ref, main, make_server, to_json
 
@@ -44,13 +51,46 @@ def eval_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def server(run):
+FIX = '<tool_call>{"name": "run", "arguments": {"command": "./fix.sh"}}</tool_call>'
+QUIT = '<tool_call>{"name": "finish", "arguments": {}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> Path:
+    """Two training steps with held-out evaluations before and after each (``train.rollout.heldout``),
+    then a step of two scripted tasks that trains nothing: ``fixer`` runs ./fix.sh until max_steps
+    truncates it (a success), ``quitter`` finishes at once (a failure); two samples each score
+    alike, so build_batch drops every bucket and the learner skips the update, as it logs it."""
+    out = tmp_path_factory.mktemp("view") / "graded"
+    write_run(out, train_steps=2, tasks_per_step=1, samples=2, max_steps=3, gui=False, heldout_tasks=2)
+    trajs = []
+    with Recorder(out / "rollouts.jsonl") as rec:
+        for name, script in (("fixer", [FIX]), ("quitter", [QUIT])):
+            task = Task(name, "Find why the worker fails and fix it.")
+            trajs += asyncio.run(collect(lambda: LogEnv([task], max_steps=2), ScriptedPolicy(script), [task],
+                                         n_samples=2, recorder=rec, batch_tag="s3", progress=False))
+    empty = build_batch(trajs, AdvantageConfig(), weight=1.0, role="agent").metrics
+    assert empty["batch/samples"] == 0
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, **empty, "train/skipped": 1.0}) + "\n")   # Learner.step of no sample
+    return out
+
+
+@contextlib.contextmanager
+def serving(run: Path):
     httpd = make_server(RunIndex(run), port=0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def server(run):
+    with serving(run) as url:
+        yield url
 
 
 def get(url: str) -> dict:
@@ -187,6 +227,7 @@ def test_evaluate_run_without_rollouts(eval_run):
     assert [(e["task_id"], e["success"], e["outcome"]) for e in over["episodes"]] == \
         [(r["task_id"], r["success"], r["reward"]) for r in results]
     assert index.episode(0)["has_steps"] is False
+    assert index.episode(0)["grade"] == results[0]["outcome"]       # the grader's details, from results.jsonl
 
 
 def test_export_is_one_self_contained_page(run, tmp_path, capsys):
@@ -240,9 +281,9 @@ def _has_playwright() -> bool:
 
 
 @pytest.fixture(scope="module")
-def browser(run):
+def browser(run, graded):
     """Chromium under Playwright's sync API, whose event loop runs in this thread from here
-    on: ``run`` (which needs ``asyncio.run``) is written first."""
+    on: ``run`` and ``graded`` (which need ``asyncio.run``) are written first."""
     _browser_or_skip()
     from playwright.sync_api import sync_playwright
     with sync_playwright() as pw:
@@ -344,3 +385,72 @@ def test_exported_page_works_from_a_file(page, run, tmp_path):
     assert page.eval_on_selector_all("#steps img", "imgs => imgs.every(i => i.src.startsWith('data:image/png'))")
     page.goto(dest.as_uri() + "#/group/logs-000%40s1")
     page.wait_for_selector("#group td.cell")
+
+
+# -- held-out success, held-out episodes, the grader, axes and gaps, success apart from the ending --
+def test_heldout_episodes_are_recorded_apart_with_the_graders_details(graded):
+    logged = read_jsonl(graded / "rollouts.jsonl")
+    held = [r for r in logged if r["kind"] == "trajectory" and r.get("heldout")]
+    assert sorted((r["task_id"], r["train_step"]) for r in held) == [(f"held-00{i}", k) for i in (0, 1) for k in (0, 1, 2)]
+    assert all(r.get("heldout") for r in logged if r["group_id"].split("@")[1].startswith("eval"))
+    failed = [r for r in logged if r["kind"] == "trajectory" and r["outcome"] == 0]
+    assert failed and all(r["grade"]["reason"] == "./fix.sh was never run" and "log_tail" in r["grade"] for r in failed)
+    index = RunIndex(graded)
+    index.refresh()
+    eps = index.overview()["episodes"]
+    assert sorted((e["task_id"], e["train_step"]) for e in eps if e["heldout"]) == sorted((r["task_id"], r["train_step"]) for r in held)
+    quitter = next(e for e in eps if e["task_id"] == "quitter")
+    assert quitter["reason"] == "./fix.sh was never run"
+    assert index.episode(quitter["id"])["grade"]["tests"] == {"test_worker_ok": "failed"}
+
+
+def test_page_heldout_success_first_and_heldout_episodes_listed(page, graded):
+    metrics = read_jsonl(graded / "metrics.jsonl")
+    last = [r for r in metrics if "eval/success" in r][-1]
+    with serving(graded) as url:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready] #episodes tr.episode-row")
+        assert page.locator(".charts").first.locator(".chart").first.get_attribute("data-metric") == "eval/success"
+        assert page.text_content("#counts .stat:first-child") .startswith(f"held-out success (step {last['step']})")
+        assert page.text_content("#heldout-success") == f"{100 * last['eval/success']:.1f}%"
+        page.select_option("select[data-f=split]", "held-out")
+        rows = page.locator("tr.episode-row")
+        assert rows.count() == 6 and rows.locator(".pill.heldout").count() == 6
+
+
+def test_page_charts_have_y_ticks_and_a_step_that_trained_nothing_is_a_gap(page, graded):
+    with serving(graded) as url:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready] .chart")
+        charts = page.locator(".chart")
+        assert charts.count() >= 5
+        for i in range(charts.count()):
+            ticks = [float(t) for t in charts.nth(i).locator("text.ytick").all_text_contents()]
+            assert len(ticks) >= 3 and ticks == sorted(ticks), ticks
+        std = page.locator(".chart[data-metric='advantage/std']")
+        assert [c.get_attribute("data-step") for c in std.locator("circle").all()] == ["1", "2"]
+        assert std.locator("rect.gap[data-step='3']").count() == 1
+        # measured at step 3 all the same: no gap there
+        assert page.locator(".chart[data-metric='outcome/mean'] circle[data-step='3']").count() == 1
+        page.screenshot(path=str(graded / "overview.png"), full_page=True)
+
+
+def test_page_shows_success_by_outcome_and_the_ending_neutrally(page, graded):
+    with serving(graded) as url:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready] #episodes tr.episode-row")
+        page.select_option("select[data-f=step]", "3")
+        rows = {r.locator("td:nth-child(2)").text_content(): r for r in page.locator("tr.episode-row").all()}
+        assert set(rows) == {"fixer", "quitter"}
+        fixer, quitter = rows["fixer"], rows["quitter"]
+        assert fixer.locator(".pill.result").text_content() == "success" and fixer.locator(".pill.end").text_content() == "truncated"
+        assert quitter.locator(".pill.result").text_content() == "failure" and quitter.locator(".pill.end").text_content() == "finished"
+        color = "el => getComputedStyle(el).backgroundColor"
+        assert fixer.locator(".pill.end").evaluate(color) == quitter.locator(".pill.end").evaluate(color)
+        assert fixer.locator(".pill.result").evaluate(color) != quitter.locator(".pill.result").evaluate(color)
+        quitter.click()
+        page.wait_for_selector("#steps .step")
+        assert page.locator("#episode-title .pill.result").text_content() == "failure"
+        assert "./fix.sh was never run" in page.text_content("#grade .reason")
+        assert "AssertionError: worker 3 still fails" in page.text_content("#grade")
+        page.screenshot(path=str(graded / "episode.png"), full_page=True)

@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--env", default="terminal",
-                   help=f"a registered env family: {', '.join(registry.names())} (default terminal)")
+                   help=f"a registered env family: {', '.join(registry.names())} (default terminal); "
+                   "or MODULE:NAME (imports MODULE, which registers NAME), or NAME when its module is named NAME")
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
     p.add_argument("--config", help="config file (default the family's packaged configs/<env>.yaml)")
     p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")

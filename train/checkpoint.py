@@ -127,6 +127,15 @@ def latest(output: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resume_line(step: int | None, total: int, where: str | Path) -> str:
+    """What ``--resume`` says at start: the step it resumes from, out of ``total``, and the
+    checkpoint ``where`` (``step`` None: none was found under ``where``)."""
+    if step is None:
+        return f"--resume: no checkpoint under {where}: starting from step 0 of {total}"
+    left = f"{total - step} to go" if step < total else "nothing left to train (raise --steps)"
+    return f"resuming from step {step} of {total} ({where}): {left}"
+
+
 def load(path: Path, part: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
     """``(meta, state)`` of a checkpoint (``state`` of its policy ``part`` in a run with several);
     also restores the global RNG states."""

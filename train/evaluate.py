@@ -283,7 +283,8 @@ def check_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.evaluate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--env", required=True, help=f"a registered env family: {', '.join(registry.names())}")
+    p.add_argument("--env", required=True, help=f"a registered env family: {', '.join(registry.names())}; "
+                   "or MODULE:NAME (imports MODULE, which registers NAME), or NAME when its module is named NAME")
     p.add_argument("--tasks", default="builtin", help="task file/directory or dataset name (default builtin)")
     p.add_argument("--policy", required=True, help="gold, noop, tiny, a model path/name or a server URL")
     p.add_argument("--model", help="model name on the server (with a URL policy)")
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                                                ("max_response_tokens", args.max_response_tokens)) if v},
                           system_prompt=not args.no_system_prompt)
         sampling = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None}
-        report = evaluate(args.env, args.tasks, args.policy, parallel=args.parallel, output=args.output,
+        report = evaluate(registry.resolve(args.env), args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,
                           env_kwargs=({"grade_network": args.grade_network == "on"}

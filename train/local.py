@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +32,8 @@ from train.batch import build_batch, rollout_metrics
 from train.config import Config, ConfigError, policy_roles
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import chat_config, collect, load_tasks, make_envs, make_judge, role_router
+from train.rollout import chat_config, collect, heldout, load_tasks, make_envs, make_judge, role_router
 
-log = logging.getLogger(__name__)
 
 Rollout = Callable[[int], Awaitable[list[Trajectory]]]
 
@@ -125,8 +124,6 @@ class LocalTrainer:
         self.dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
         ckpt = checkpoint.latest(output) if resume else None
         self.start = 0
-        if resume and ckpt is None:
-            log.warning("no checkpoint under %s: starting from step 0", checkpoint.directory(output))
         initial = cfg.model.name
         if cfg.sft.steps > 0:   # supervised warm start first (reused when already made)
             from train.sft import warm_start
@@ -137,7 +134,10 @@ class LocalTrainer:
         if ckpt is not None:
             meta, _ = checkpoint.load(ckpt, self.members[0].name if self.several else "")   # the RNG states
             self.start = int(meta["step"])
-            log.info("resuming from %s (step %d)", ckpt, self.start)
+        if resume:   # which step it goes on from, before the slow parts
+            where = ckpt or checkpoint.directory(output)
+            print(checkpoint.resume_line(self.start if ckpt else None, cfg.run.steps, where),
+                  file=sys.stderr, flush=True)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None,
                                   members=[m.name for m in self.members] if self.several else None)
         (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
@@ -203,18 +203,14 @@ class LocalTrainer:
                              sampling={"temperature": r.temperature, "top_p": r.top_p},
                              batch_tag=f"s{step + 1}", progress=self.progress)
 
-    async def evaluate(self) -> dict[str, float]:
-        """Success of the serving model on the held-out tasks (no judge, no training)."""
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """Success of the serving model on the held-out tasks after ``step`` updates (no judge, no
+        training); the episodes go to rollouts.jsonl marked ``heldout``."""
         r, e = self.cfg.rollout, self.cfg.eval
-        trajs = await collect(self.env_factory, self.policies(), self.eval_tasks,
-                              n_samples=e.samples_per_task, parallel=r.parallel,
-                              router=self.router, chat=chat_config(self.cfg),
-                              sampling={"temperature": e.temperature, "top_p": r.top_p},
-                              batch_tag="eval", progress=False)
-        done = [t for t in trajs if t.status != "aborted"]
-        return {"eval/success": float(np.mean([(t.outcome or 0.0) > 0 for t in done])) if done else 0.0,
-                "eval/outcome": float(np.mean([t.outcome or 0.0 for t in done])) if done else 0.0,
-                "eval/episodes": len(done)}
+        return await heldout(self.env_factory, self.policies(), self.eval_tasks, step=step,
+                             n_samples=e.samples_per_task, parallel=r.parallel, router=self.router,
+                             chat=chat_config(self.cfg), recorder=self.recorder,
+                             sampling={"temperature": e.temperature, "top_p": r.top_p})
 
     def eval_due(self, step: int) -> bool:
         """Whether held-out evaluation runs after ``step`` updates."""
@@ -246,7 +242,7 @@ class LocalTrainer:
         if self.eval_due(step + 1) and self._loop is not None and not self._stopping.is_set():
             # runs on the event loop, with the new weights
             t0 = time.monotonic()
-            metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(), self._loop).result())
+            metrics.update(asyncio.run_coroutine_threadsafe(self.evaluate(step + 1), self._loop).result())
             metrics["time/eval_s"] = time.monotonic() - t0
         if (step + 1) % self.cfg.run.save_every == 0 or step + 1 == self.cfg.run.steps:
             self.save(step + 1)
@@ -295,7 +291,7 @@ class LocalTrainer:
         self._loop = asyncio.get_running_loop()
         if self.start == 0 and self.eval_tasks:   # the starting point, logged as step 0
             t0 = time.monotonic()
-            self.metrics.log(0, {**await self.evaluate(), "time/eval_s": time.monotonic() - t0})
+            self.metrics.log(0, {**await self.evaluate(0), "time/eval_s": time.monotonic() - t0})
             self._last_done = time.monotonic()
         await overlapped_loop(self.start, total, self.cfg.train.max_staleness, self.rollout, self.train,
                               self.after, self._stopping)

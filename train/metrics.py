@@ -2,13 +2,17 @@
 
 Every :meth:`MetricsLog.log` appends one JSON line ``{"step": k, ...}``,
 writes the scalars to TensorBoard (``<output>/tensorboard``) and redraws
-``<output>/curves.png`` (matplotlib, Agg backend: no display needed).
+``<output>/curves.png`` (matplotlib, Agg backend: no display needed). When
+``STALL_STEPS`` training steps in a row had nothing to learn from (no sample
+kept, or every advantage 0), it says so on stderr, once, with the likely
+reason and what to try (:func:`no_learning`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,40 @@ CURVES = [  # (metric, title) drawn in the PNG, one panel each
     ("episode/length_mean", "episode length"),
     ("perf/samples_per_s", "throughput (samples/s)"),
 ]
+
+
+STALL_STEPS = 3   # training steps in a row without a learning signal before the run says so
+
+
+def _signal(row: dict[str, Any]) -> bool | None:
+    """Whether a training step had a sample with a nonzero advantage (None: not a training step)."""
+    if not isinstance(row.get("batch/samples"), (int, float)):
+        return None
+    return bool(row["batch/samples"]) and bool(row.get("advantage/std", 1) or row.get("advantage/mean", 1))
+
+
+def no_learning(rows: list[dict[str, Any]], n: int = STALL_STEPS) -> str | None:
+    """One line when none of the last ``n`` training steps of ``rows`` (metrics rows) had a
+    sample to learn from (none kept, or every advantage 0) and the step before them had one
+    (so it is said once), with the likely reason and what to try; else None."""
+    signal = [s for s in map(_signal, rows) if s is not None]
+    if len(signal) < n or any(signal[-n:]) or (len(signal) > n and not signal[-n - 1]):
+        return None
+    last = rows[-1]
+    if last.get("episodes") and last.get("aborted") == last.get("episodes"):
+        why = "every episode aborted (their errors are in rollouts.jsonl)"
+    elif not last.get("batch/buckets") and last.get("batch/untrainable_steps"):
+        why = "no step came with the policy's token ids and log-probs"
+    elif last.get("batch/buckets") and last.get("batch/dropped_buckets") == last.get("batch/buckets"):
+        why = "every sample of a task scored alike at each step, so every advantage was 0"
+    else:
+        why = "no step had a nonzero advantage"
+    seen = ", ".join(f"{name} {last[key]:.0%}" for key, name in
+                     (("judge/valid_action_rate", "valid actions"), ("outcome/success", "success"))
+                     if isinstance(last.get(key), (int, float)))
+    return (f"warning: nothing to learn from in the last {n} steps: {why}{f' ({seen})' if seen else ''}. "
+            "The model is not learning: try a warm start (sft.steps=200 sft.tasks=...) or a model "
+            "that already acts in this env (--model).")
 
 
 class MetricsLog:
@@ -64,6 +102,9 @@ class MetricsLog:
                 self.writer.add_scalar(k, v, step)
         self.writer.flush()
         self.plot()
+        if (line := no_learning(self.rows)) is not None:
+            from tqdm.auto import tqdm
+            tqdm.write(line, file=sys.stderr)   # above the progress bars
 
     def plot(self) -> Path:
         """Redraw the curves PNG from every row so far."""

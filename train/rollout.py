@@ -226,9 +226,11 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                       router: Callable[[int, Trajectory], str] | None = None,
                       recorder: Recorder | None = None, executor: ThreadPoolExecutor,
                       chat: ChatConfig | None = None,
-                      sampling: Mapping[str, Any] | None = None) -> Trajectory:
+                      sampling: Mapping[str, Any] | None = None,
+                      fields: Mapping[str, Any] | None = None) -> Trajectory:
     """Play one episode of ``task`` on ``env``: act, step the env, judge (in the background),
-    until the env ends it; then join the votes. Never raises for infrastructure faults."""
+    until the env ends it; then join the votes. Never raises for infrastructure faults.
+    ``fields`` are added to every record of the episode."""
     roles, router = _roles(policies, router, env)
     chat = chat or ChatConfig()
     started = time.monotonic()
@@ -237,7 +239,7 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
     if judge is not None:
         judge.template(env.family)  # a missing template is a configuration error: fail now
     ep = _Episode(env, task, roles, router, chat, {**chat.sampling(), **(sampling or {})}, executor,
-                  recorder, traj, {"group_id": group_id, "task_id": task.id, "sample": sample})
+                  recorder, traj, {"group_id": group_id, "task_id": task.id, "sample": sample, **(fields or {})})
     try:
         raw_first, _ = await ep.in_thread(partial(env.reset, options={"task": task}))
         ep.first_obs = prev_obs = env.present(raw_first)  # the one view of an observation
@@ -275,7 +277,8 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
     if recorder:
         recorder.record("trajectory", {**ep.where, "status": traj.status, "error": traj.error,
                                        "outcome": traj.outcome, "steps": len(traj.steps),
-                                       "step_scores": [s.score for s in traj.steps]})
+                                       "step_scores": [s.score for s in traj.steps],
+                                       "grade": traj.info.get("outcome")})   # the grader's details
     return traj
 
 
@@ -285,11 +288,12 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                   router: Callable[[int, Trajectory], str] | None = None,
                   recorder: Recorder | None = None, chat: ChatConfig | None = None,
                   sampling: Mapping[str, Any] | None = None, batch_tag: str | None = None,
-                  progress: bool = True) -> list[Trajectory]:
+                  fields: Mapping[str, Any] | None = None, progress: bool = True) -> list[Trajectory]:
     """Run every task ``n_samples`` times, ``parallel`` episodes at once.
 
     Returns trajectories ordered by task, then sample. ``group_id`` is
     ``"<task id>@<batch tag>"``, so the samples of one task form one group.
+    ``fields`` are added to every record of these episodes.
     """
     batch_tag = batch_tag or uuid.uuid4().hex[:8]
     jobs = [(task, s) for task in tasks for s in range(n_samples)]
@@ -323,13 +327,13 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                                   error=f"{type(e).__name__}: {e}")
                 if recorder:  # logged like any episode, so the log's aborted count is complete
                     recorder.record("trajectory", {"group_id": group_id, "task_id": task.id, "sample": sample,
-                                                   "status": "aborted", "error": traj.error, "outcome": None,
-                                                   "steps": 0, "step_scores": []})
+                                                   **(fields or {}), "status": "aborted", "error": traj.error,
+                                                   "outcome": None, "steps": 0, "step_scores": []})
                 return traj
             try:
                 traj = await run_episode(env, policies, task=task, group_id=group_id, sample=sample,
                                          judge=judge, router=router, recorder=recorder,
-                                         executor=executor, chat=chat, sampling=sampling)
+                                         executor=executor, chat=chat, sampling=sampling, fields=fields)
             finally:
                 envs.give_back(env)
         bar.update(1)
@@ -341,6 +345,26 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
         bar.close()
         await loop.run_in_executor(executor, envs.close)
         executor.shutdown(wait=False)
+
+
+async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str, Policy],
+                  tasks: Sequence[Any], *, step: int, n_samples: int = 1, parallel: int = 8,
+                  router: Callable[[int, Trajectory], str] | None = None,
+                  recorder: Recorder | None = None, chat: ChatConfig | None = None,
+                  sampling: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """Held-out success after ``step`` updates: ``tasks`` played without a judge, not trained on.
+
+    The episodes are recorded with ``heldout: true`` and ``train_step: step`` (group ids
+    ``<task id>@eval<step>``), so ``python -m train.view`` shows them apart from training's.
+    """
+    trajs = await collect(env_factory, policies, tasks, n_samples=n_samples, parallel=parallel,
+                          router=router, recorder=recorder, chat=chat, sampling=sampling,
+                          batch_tag=f"eval{step}", fields={"heldout": True, "train_step": step},
+                          progress=False)
+    done = [t for t in trajs if t.status != "aborted"]
+    return {"eval/success": sum((t.outcome or 0.0) > 0 for t in done) / len(done) if done else 0.0,
+            "eval/outcome": sum(t.outcome or 0.0 for t in done) / len(done) if done else 0.0,
+            "eval/episodes": len(done)}
 
 
 def role_router(cfg: Config) -> Router | None:

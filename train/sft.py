@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from agents.chat import ChatConfig, Turn, action_text, build_messages, prompt_head
-from envs import env_class
+from envs import env_class, registry
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,8 @@ def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.sft", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="terminal", help="environment family (its tools shape the prompt)")
+    p.add_argument("--env", default="terminal", help="environment family (its tools shape the prompt); "
+                   "MODULE:NAME or NAME imports a family of your own, as in python -m train")
     p.add_argument("--model", default="tiny", help="HF hub name, local model directory, or 'tiny'")
     p.add_argument("--tasks", help="task source for oracle runs (e.g. procedural:0:64, a task directory)")
     p.add_argument("--source", default="oracle", choices=SOURCES,
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --steps and --batch-size must be at least 1", file=sys.stderr)
         return 2
     try:
-        summary = run(env=args.env, model=args.model, output=Path(args.output), tasks=args.tasks,
+        summary = run(env=registry.resolve(args.env), model=args.model, output=Path(args.output), tasks=args.tasks,
                       rollouts=args.rollouts, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                       seed=args.seed, parallel=args.parallel, max_steps=args.max_steps,
                       min_outcome=args.min_outcome, source=args.source,

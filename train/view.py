@@ -7,12 +7,14 @@
 Works on the output folder of ``python -m train`` (``rollouts.jsonl``,
 ``advantages.jsonl``, ``metrics.jsonl``, ``config.json``) and of
 ``python -m train.evaluate`` (``results.jsonl``, ``report.json``, and
-``rollouts.jsonl`` when it wrote one). The page shows the run's curves, config
-and counts; a filterable episode list; each episode step by step (the
-messages the policy saw, action, next state, the judge's prompt, answers and
-votes, ``R_t`` and the advantage the step was trained with, screenshots
-before and after); and the group view, the n samples of one task aligned by
-step index. It follows a run in progress (the page polls; the server reads
+``rollouts.jsonl`` when it wrote one). The page shows the run's curves
+(held-out success first; steps that trained nothing are gaps), config and
+counts; a filterable episode list (training and held-out episodes, success
+or failure apart from how the episode ended); each episode step by step (the
+grader's details, the messages the policy saw, action, next state, the
+judge's prompt, answers and votes, ``R_t`` and the advantage the step was
+trained with, screenshots before and after); and the group view, the n
+samples of one task aligned by step index. It follows a run in progress (the page polls; the server reads
 only the bytes appended since the last poll).
 
 The index keeps byte offsets, not records: the list needs only the head of
@@ -40,6 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlparse
 
+from train.metrics import CURVES
+
 PAGE = Path(__file__).with_name("view.html")
 ROLLOUTS, ADVANTAGES, METRICS = "rollouts.jsonl", "advantages.jsonl", "metrics.jsonl"
 RESULTS, REPORT, CONFIG = "results.jsonl", "report.json", "config.json"
@@ -66,6 +70,10 @@ class Episode:
     error: str | None = None
     category: str | None = None
     success: bool | None = None
+    heldout: bool = False             # a held-out evaluation episode (not trained on)
+    reason: str | None = None         # the grader's reason, when it gave one
+    grade: Any = None                 # the grader's details (results.jsonl); else read from `trajectory`
+    trajectory: tuple[int, int] | None = None   # where its trajectory line is
     roles: set[str] = field(default_factory=set)
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)   # step -> (offset, length)
     judges: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -77,8 +85,9 @@ class Episode:
         ok = self.success if self.success is not None else (
             None if self.outcome is None else self.outcome > 0)
         return {"id": self.id, "group_id": self.group_id, "task_id": self.task_id, "sample": self.sample,
-                "train_step": self.train_step, "status": self.status, "outcome": self.outcome,
-                "success": ok, "error": self.error, "category": self.category,
+                "train_step": self.train_step, "heldout": self.heldout, "status": self.status,
+                "outcome": self.outcome, "success": ok, "error": self.error, "reason": self.reason,
+                "category": self.category,
                 "steps": self.length, "roles": sorted(self.roles), "has_steps": bool(self.steps),
                 "mean_reward": sum(rewards) / len(rewards) if rewards else None}
 
@@ -233,11 +242,14 @@ class RunIndex:
         elif kind == "trajectory":
             ep.status, ep.outcome, ep.error = rec.get("status", "finished"), rec.get("outcome"), rec.get("error")
             ep.length = max(ep.length, int(rec.get("steps") or 0))
+            ep.trajectory = (offset, length)
+            ep.reason = _reason(rec.get("grade"))
 
     def _new_episode(self, rec: dict) -> Episode:
         m = _TRAIN_STEP.search(rec["group_id"])
+        step = rec.get("train_step", int(m.group(1)) if m else None)
         ep = Episode(len(self.episodes), rec["group_id"], str(rec.get("task_id", rec["group_id"])),
-                     int(rec.get("sample", 0)), train_step=int(m.group(1)) if m else None)
+                     int(rec.get("sample", 0)), train_step=step, heldout=bool(rec.get("heldout")))
         old = self._by_key.get((ep.group_id, ep.sample))
         if old is not None:
             old.status = "superseded"
@@ -307,6 +319,8 @@ class RunIndex:
             if r is None:
                 continue
             ep.category, ep.success = r.get("category"), r.get("success")
+            if ep.trajectory is None:
+                ep.grade, ep.reason = r.get("outcome"), _reason(r.get("outcome")) or ep.reason
             if ep.outcome is None:
                 ep.outcome = r.get("reward")
             if self._from_results:
@@ -319,7 +333,7 @@ class RunIndex:
             kind = "train" if (self.run / METRICS).exists() or self.advantages else (
                 "evaluate" if self.results or self.report else "rollouts")
             return {"run": str(self.run), "name": self.run.resolve().name, "kind": kind,
-                    "version": self.version, "config": self.config, "report": self.report,
+                    "version": self.version, "curves": CURVES, "config": self.config, "report": self.report,
                     "metrics": self.metrics, "bad_lines": self.bad_lines,
                     "episodes": [e.summary(self.advantages) for e in self.episodes
                                  if e.status != "superseded"]}
@@ -330,7 +344,10 @@ class RunIndex:
             ep = self.episodes[eid]
             where = dict(ep.steps), dict(ep.judges)
             head = ep.summary(self.advantages)
-        lines = self._read_at([*where[0].values(), *where[1].values()])
+            grade, end = ep.grade, ep.trajectory
+        lines = self._read_at([*where[0].values(), *where[1].values(), *([end] if end else [])])
+        if end is not None:
+            grade = lines.get(end, {}).get("grade")
         steps, prev_after = [], []
         for i in range(max(head["steps"], max(where[0], default=-1) + 1)):
             rec = lines.get(where[0].get(i), {})
@@ -356,7 +373,7 @@ class RunIndex:
             seen = s.pop("_seen")                       # next step's prompt shows the state it left
             if not s["after"] and nxt is not None and nxt["_seen"] != seen:
                 s["after"] = nxt["_seen"]
-        return {**head, "steps_detail": steps}
+        return {**head, "grade": mark_images(grade, self.run, link), "steps_detail": steps}
 
     def _read_at(self, spots: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         out = {}
@@ -378,7 +395,13 @@ class RunIndex:
         return path if path.is_relative_to(self.run.resolve()) and path.is_file() else None
 
 
-_WHERE = {"kind", "time", "group_id", "task_id", "sample", "step"}
+def _reason(grade: Any) -> str | None:
+    """The grader's one-line reason, when its details give one."""
+    reason = grade.get("reason") if isinstance(grade, dict) else None
+    return str(reason) if reason else None
+
+
+_WHERE = {"kind", "time", "group_id", "task_id", "sample", "step", "heldout", "train_step"}
 _SHOWN = _WHERE | {"role", "text", "action", "next_state", "reward"}
 
 

@@ -28,7 +28,8 @@ Actions, in any of these forms (see :meth:`GUIEnv.parse`):
   as ``{"action": "click", "x": .., "y": ..}``) and ``pyautogui`` (``{"code"}``).
 
 ``DONE`` ends the episode and grades it; ``FAIL`` ends it saying the task is
-infeasible (right only for OSWorld's infeasible tasks).
+infeasible (right only for OSWorld's infeasible tasks). The outcome is ``2s - 1``
+of the task's score ``s`` in [0, 1], in [-1, 1] as in every family.
 ``info["next_state"]`` carries ``screenshot_before``/``screenshot_after``
 (PNG bytes; the rollout recorder saves them as PNG files) and the code that ran.
 
@@ -177,6 +178,17 @@ def computer13_code(kind: str, args: dict[str, Any], size: tuple[int, int]) -> s
     raise ActionError(f"Unknown action {kind!r}; use one of {', '.join(ACTIONS)}.")
 
 
+def checker_js(check: str) -> str:
+    """A built-in task's check as an expression that never throws: ``true`` when it passes, else
+    ``false`` or ``{"error": ...}`` (an element it reads is missing, say)."""
+    return f"(() => {{ try {{ return ({check}) === true; }} catch (e) {{ return {{error: String(e)}}; }} }})()"
+
+
+def outcome_of(score: float) -> float:
+    """A GUI score in [0, 1] (OSWorld's) as an outcome in [-1, 1], as every family scores: ``2s - 1``."""
+    return max(-1.0, min(1.0, 2.0 * score - 1.0))
+
+
 def truncate_tree(tree: str, max_chars: int) -> str:
     """``tree`` cut to whole lines within ``max_chars``, saying how many lines were left out."""
     if len(tree) <= max_chars:
@@ -238,6 +250,26 @@ class ContainerDesktop:
             self.open_page(f"file://{WEB_ROOT}/{site}/{spec.get('page', 'index.html')}")
         else:
             self.notes = osworld.run_config(self.client, task.data["osworld"].get("config") or [], self.size)
+        self.wait_painted()
+
+    def wait_painted(self, timeout: float = 10.0, interval: float = 0.25) -> bytes:
+        """The screenshot once the screen has been drawn: the page has painted (when a page is open) and
+        two frames in a row are the same. After ``timeout`` s, the last frame."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.client.eval_js("performance.getEntriesByType('paint').length > 0") is True:
+                    break
+            except DesktopError:
+                break  # no page to ask (an OSWorld desktop task): the frames decide
+            time.sleep(interval)
+        frame = self.client.screenshot()
+        while time.monotonic() < deadline:
+            time.sleep(interval)
+            previous, frame = frame, self.client.screenshot()
+            if frame == previous:
+                break
+        return frame
 
     def open_page(self, url: str, timeout: float = 45) -> None:
         """Starts Chromium on ``url`` and waits until the page has loaded."""
@@ -267,9 +299,11 @@ class ContainerDesktop:
     def grade(self, task: Task, last_action: str | None) -> tuple[float, dict[str, Any]]:
         if "builtin" in task.data:
             try:
-                ok = self.client.eval_js(task.data["builtin"]["check"])
+                ok = self.client.eval_js(checker_js(task.data["builtin"]["check"]))
             except DesktopError as e:
                 return 0.0, {"check": False, "error": str(e)}
+            if isinstance(ok, dict):
+                return 0.0, {"check": False, "error": f"the check failed: {ok.get('error')}"}
             return float(ok is True), {"check": ok}
         try:
             score, details = osworld.evaluate(task.data["osworld"], self.client, self.size,
@@ -409,7 +443,15 @@ class GUIEnv(NextStateEnv):
         return self._obs("")
 
     def observe(self, result: ToolResult) -> dict[str, Any]:
-        return self._obs(result.output)
+        """The screen after the step. A step that ran nothing (an invalid action) takes a new screenshot
+        too; where none can be taken the output says the image is the previous one."""
+        output = result.output
+        if "screenshot_after" not in result.extra and self.desktop is not None and not self._ended:
+            try:
+                self._observe_desktop()
+            except (DesktopError, OSError) as e:
+                output += f"\n[the screenshot is the previous one: the screen could not be captured ({e})]"
+        return self._obs(output)
 
     def _obs(self, output: str) -> dict[str, Any]:
         if self._shot:
@@ -494,7 +536,8 @@ class GUIEnv(NextStateEnv):
     def compute_outcome(self) -> Outcome:
         assert self.task is not None and self.desktop is not None
         score, details = self.desktop.grade(self.task, self._last_kind)
-        return Outcome(score, {"domain": self.task.category, "last_action": self._last_kind, **details})
+        return Outcome(outcome_of(score), {"domain": self.task.category, "last_action": self._last_kind,
+                                           "score": score, **details})
 
     def close(self) -> None:
         if self._vm is not None:

@@ -57,6 +57,9 @@ WINDOWS = "unsupported: Windows task"
 _WINDOWS_PATH = re.compile(r"(?i)(?<![\w/])[a-z]:\\|%(?:userprofile|appdata|localappdata|programfiles|"
                            r"systemroot|windir|homepath)%")
 _WINDOWS_PROGRAMS = {"cmd", "powershell", "pwsh", "explorer", "taskkill", "reg", "msiexec"}
+# ``related_apps`` only Windows has (OSWorld's Windows examples name Microsoft Office and Windows' own apps).
+_WINDOWS_APPS = {"excel", "powerpoint", "word", "outlook", "onenote", "microsoft_paint", "mspaint", "notepad",
+                 "windows_calc", "file_explorer", "microsoft_edge", "edge"}
 _INSTALLS = re.compile(r"(?i)\binstall(?:ed|ing|s)?\b")
 
 
@@ -194,8 +197,12 @@ def _strings(value: Any) -> Iterable[str]:
 
 
 def is_windows(task: dict[str, Any]) -> bool:
-    """Whether a (well-formed) task is one of OSWorld's Windows examples: its setup or grading
-    uses drive-letter paths or Windows variables, or starts ``cmd``/``powershell``/``*.exe``."""
+    """Whether a (well-formed) task is one of OSWorld's Windows examples: its related apps are Windows
+    apps (Excel, PowerPoint, Word...), or its setup or grading uses drive-letter paths or Windows
+    variables, or starts ``cmd``/``powershell``/``*.exe``."""
+    apps = {re.sub(r"[\s-]+", "_", str(a).strip().lower()) for a in task.get("related_apps") or []}
+    if apps & _WINDOWS_APPS:
+        return True
     body = {k: task.get(k) for k in ("config", "evaluator")}
     if any(_WINDOWS_PATH.search(s) for s in _strings(body)):
         return True

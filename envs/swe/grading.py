@@ -20,6 +20,10 @@ from typing import Any
 from containers.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
 from envs.swe.instances import TESTBED, checkout_command, make_test_spec, sandbox_user
 
+#: What a test log says when the tests reached for a network they did not have (psf/requests' tests call
+#: httpbin.org and an unroutable address for their timeouts).
+NETWORK_SIGNS = ("Temporary failure in name resolution", "Name or service not known", "Network is unreachable",
+                 "Failed to establish a new connection", "No route to host", "nodename nor servname")
 PATCH_FILE = "/tmp/nextstate-grade.patch"
 EVAL_FILE = "/tmp/nextstate-eval.sh"
 LOG_FILE = "/tmp/nextstate-eval.log"
@@ -36,6 +40,7 @@ class Grade:
     apply_command: str | None = None
     tests_status: dict[str, Any] = field(default_factory=dict)
     test_timed_out: bool = False
+    network_failure: bool = False
     log_tail: str = ""
     elapsed: float = 0.0
 
@@ -88,10 +93,25 @@ def _grade_in(sandbox: Sandbox, instance: dict[str, Any], spec: Any, patch: str,
     report = log_report(spec, patch, log)
     if not report.get("patch_successfully_applied"):
         reason = report.get("infra_failure_reason") or "the test run produced no test results"
-        return Grade(False, reason, applied, applied_with, log_tail=log[-LOG_TAIL:])
+        return _with_network(Grade(False, reason, applied, applied_with, log_tail=log[-LOG_TAIL:]), log)
     resolved = bool(report["resolved"])
-    return Grade(resolved, None if resolved else "some tests fail", applied, applied_with,
-                 report.get("tests_status", {}), log_tail=log[-LOG_TAIL:])
+    return _with_network(Grade(resolved, None if resolved else "some tests fail", applied, applied_with,
+                               report.get("tests_status", {}), log_tail=log[-LOG_TAIL:]), log)
+
+
+def network_failures(log: str) -> list[str]:
+    """The :data:`NETWORK_SIGNS` a test log shows."""
+    return [sign for sign in NETWORK_SIGNS if sign in log]
+
+
+def _with_network(grade_: Grade, log: str) -> Grade:
+    """An unresolved grade whose log shows network failures says so: the tests need the internet."""
+    signs = network_failures(log)
+    if not grade_.resolved and signs:
+        grade_.network_failure = True
+        grade_.reason = (f"{grade_.reason}, and the tests failed to reach the network ({'; '.join(signs)}): "
+                         "this instance's tests need the internet, so the verdict says nothing about the patch")
+    return grade_
 
 
 def _apply(sandbox: Sandbox, patch: str) -> tuple[str | None, str]:

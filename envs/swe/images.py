@@ -8,7 +8,8 @@ requirements and pins, then the repository in ``/testbed`` at ``base_commit``
 that ``git diff`` shows only later changes. The specs and scripts come from
 :mod:`envs.swe.specs`.
 
-* **Base.** Where a registry answers: ``python:<version>-bookworm``. Where
+* **Base.** Where a registry answers: ``python:<version>-bookworm`` (3.5:
+  ``-buster``, 3.6: ``-bullseye``). Where
   none does: a Debian rootfs made by mmdebstrap/debootstrap from the Debian
   mirror whose suite ships that Python (3.9: bullseye, 3.11: bookworm, 3.13:
   trixie); other versions are refused offline with that said.
@@ -28,6 +29,8 @@ that ``git diff`` shows only later changes. The specs and scripts come from
   trusts is trusted in the build too.
 
 Images carry a hash of their build inputs and are not rebuilt while it matches.
+Where the repository came from is no input: an image built with
+``--repo-source`` stays current for a later ``build-swe`` without it.
 """
 
 from __future__ import annotations
@@ -53,17 +56,17 @@ import docker
 from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
 
 from containers import connect
-from containers.build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
-                              rootfs_image)
+from containers.build import (HASH_LABEL, Progress, docker_build, finish, host_ca_bundle, image_info, image_label,
+                              is_offline, rootfs_image)
 from envs.swe.instances import load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
+#: The newest Debian suite of the official ``python:<version>-<suite>`` images of old Pythons.
+PYTHON_IMAGE_SUITE = {"3.5": "buster", "3.6": "bullseye"}
 OFFLINE_PACKAGES = ["bash", "ca-certificates", "git", "patch", "python3", "python3-venv", "python3-dev",
                     "gcc", "libc6-dev", "make", "procps"]
 REQUIREMENT_SKIP = ("-e .", "#", ".[test")
-CA_DEFAULTS = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
-DEBIAN_CA = "/etc/ssl/certs/ca-certificates.crt"
 
 TRUST_CA = ("export PIP_DISABLE_PIP_VERSION_CHECK=1; if [ -s /nextstate-build/ca.crt ]; then "
             "export PIP_CERT=/nextstate-build/ca.crt GIT_SSL_CAINFO=/nextstate-build/ca.crt; fi")
@@ -138,19 +141,27 @@ def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None
         return None
 
 
-def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) -> str:
-    """The spec's requirements file at the environment setup commit, ``-r`` includes inlined."""
-    paths = spec.get("requirements") or []
-    if not paths:
-        return ""
+def first_file(row: dict[str, Any], paths: list[str], source: str | None) -> tuple[str, str]:
+    """The first of ``paths`` that exists in the row's repository at its setup commit, and its text."""
     commit = row.get("environment_setup_commit") or row["base_commit"]
     for path in paths:
         text = read_at(row["repo"], source, commit, path)
         if text is not None:
-            break
-    else:
-        raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
-                        f"at {commit[:12]}")
+            return path, text
+    raise SpecError(f"instance {row['instance_id']}: none of {', '.join(paths)} exists in {row['repo']} "
+                    f"at {commit[:12]}")
+
+
+def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) -> str:
+    """The spec's requirements file at the environment setup commit, ``-r`` includes inlined (for a
+    conda ``environment`` file: its ``pip:`` list; the conda packages are the spec's ``pip_packages``)."""
+    if spec.get("environment"):
+        return environment_pip(row, spec["environment"], source)
+    paths = spec.get("requirements") or []
+    if not paths:
+        return ""
+    commit = row.get("environment_setup_commit") or row["base_commit"]
+    path, text = first_file(row, paths, source)
     folder = os.path.dirname(path)
     lines = []
     for line in text.splitlines():
@@ -163,12 +174,23 @@ def requirements(row: dict[str, Any], spec: dict[str, Any], source: str | None) 
     return "\n".join(lines) + "\n"
 
 
+def environment_pip(row: dict[str, Any], paths: list[str], source: str | None) -> str:
+    """The ``pip:`` list of the first conda environment file of ``paths`` at the setup commit."""
+    import yaml
+
+    _, text = first_file(row, paths, source)
+    deps = (yaml.safe_load(text) or {}).get("dependencies") or []
+    pip = next((d["pip"] for d in deps if isinstance(d, dict) and "pip" in d), [])
+    return "".join(f"{line}\n" for line in pip if not str(line).startswith(REQUIREMENT_SKIP))
+
+
 # ---- the build scripts --------------------------------------------------------------------
 
 
 def setup_env_script(spec: dict[str, Any]) -> str:
     """Creates the testbed venv, the conda stand-in, and installs requirements and pins."""
     pins = " ".join(shlex.quote(p) for p in spec.get("pip_packages", []))
+    packages = spec.get("packages", "")  # conda's package list in swebench; the same names on PyPI
     return "\n".join([
         "set -euxo pipefail",
         TRUST_CA,
@@ -180,6 +202,7 @@ def setup_env_script(spec: dict[str, Any]) -> str:
         "python -m pip install -q --upgrade pip",  # the distro's pip predates pyproject-only packages
         "if [ -s /nextstate-build/requirements.txt ]; then "
         "python -m pip install -r /nextstate-build/requirements.txt; fi",
+        *([f"python -m pip install {packages}"] if packages else []),
         *([f"python -m pip install {pins}"] if pins else []),
         f"echo '{ACTIVATE}' >> /root/.bashrc",
     ]) + "\n"
@@ -219,18 +242,6 @@ def setup_repo_script(row: dict[str, Any], spec: dict[str, Any], local: bool) ->
     ]) + "\n"
 
 
-def ca_bundle_path(explicit: str | None = None) -> Path | None:
-    """The CA bundle to trust inside builds: ``explicit``, else the host's pip/requests/OpenSSL bundle."""
-    if explicit:
-        if not Path(explicit).is_file():
-            raise SpecError(f"--ca-bundle {explicit}: no such file")
-        return Path(explicit)
-    for candidate in (*(os.environ.get(k) for k in CA_DEFAULTS), DEBIAN_CA):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
 def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None, ca_bundle: Path | None) -> str:
     """Writes the build context of one instance into ``folder``; returns a hash of its inputs."""
     spec = spec_of(row)
@@ -241,12 +252,13 @@ def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None,
     (folder / "setup_repo.sh").write_text(setup_repo_script(row, spec, local is not None))
     (folder / "ca.crt").write_bytes(ca_bundle.read_bytes() if ca_bundle else b"")
     digest = hashlib.sha256()
-    for name in ("Dockerfile", "setup_env.sh", "requirements.txt", "setup_repo.sh"):
+    for name in ("Dockerfile", "setup_env.sh", "requirements.txt"):
         digest.update((folder / name).read_bytes())
+    # the image's identity is the repository at base_commit, not where it was cloned from
+    digest.update(setup_repo_script(row, spec, local=False).encode())
     if local is not None:
         subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(local), str(folder / "repo.git")],
                        check=True, capture_output=True)
-        digest.update(b"local")
     return digest.hexdigest()[:32]
 
 
@@ -256,7 +268,7 @@ def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None,
 def base_image(client: docker.DockerClient, python: str, offline: bool, progress: Progress) -> str:
     """The image to build on: ``python:<v>-bookworm`` online, a Debian rootfs with that Python offline."""
     if not offline:
-        return f"python:{python}-bookworm"
+        return f"python:{python}-{PYTHON_IMAGE_SUITE.get(python, 'bookworm')}"
     suite = DEBIAN_PYTHON.get(python)
     if suite is None:
         raise SpecError(f"Python {python} is in no Debian suite this builder knows ({', '.join(DEBIAN_PYTHON)}), "
@@ -270,16 +282,16 @@ def build_one(row: dict[str, Any], *, client: docker.DockerClient, offline: bool
     start = time.monotonic()
     row = complete_row(row)
     tag = row["image"]
-    progress = Progress(row["instance_id"])
     with tempfile.TemporaryDirectory(prefix="nextstate-swe-", dir="/var/tmp") as tmp:
         digest = write_context(row, Path(tmp), repo_source=repo_source, ca_bundle=ca_bundle)
         old = image_info(client, tag)
         if not force and image_label(old, HASH_LABEL) == digest:
             assert old is not None
             return SWEBuilt(row["instance_id"], tag, True, time.monotonic() - start, old["Size"])
-        base = base_image(client, spec_of(row)["python"], offline, progress)
-        docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
-    finish(client, tag, old, progress)  # drops the image this one replaced
+        with Progress(row["instance_id"]) as progress:
+            base = base_image(client, spec_of(row)["python"], offline, progress)
+            docker_build(client, Path(tmp), {"BASE": base}, progress, tag=tag, labels={HASH_LABEL: digest})
+            finish(client, tag, old, progress)  # drops the image this one replaced
     return SWEBuilt(row["instance_id"], tag, False, round(time.monotonic() - start, 1),
                     client.api.inspect_image(tag)["Size"])
 
@@ -295,7 +307,7 @@ def build_swe(rows: list[dict[str, Any]], *, client: docker.DockerClient, parall
         complete_row(row)
         spec_of(row)
     offline = is_offline(client) if offline is None else offline
-    bundle = ca_bundle_path(ca_bundle)
+    bundle = host_ca_bundle(ca_bundle)
 
     def one(row: dict[str, Any]) -> SWEBuilt:
         start = time.monotonic()
@@ -325,17 +337,28 @@ def add_command(subparsers: Any) -> None:
                    "from PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE or Debian's)")
     s.add_argument("--force", action="store_true", help="rebuild even when up to date")
     s.set_defaults(func=_cmd_build_swe)
+    e = subparsers.add_parser("export-swe", help="write the rows completed with the fields swebench's harness "
+                              "reads (image, eval_script, log_parser, eval_type), for `python -m "
+                              "swebench.harness.run_evaluation --dataset_name OUT`")
+    e.add_argument("--tasks", required=True, help="rows in SWE-bench's schema: .jsonl, .json or .parquet")
+    e.add_argument("--ids", help="comma-separated instance ids (default: every row)")
+    e.add_argument("--out", required=True, help="the .jsonl file to write")
+    e.set_defaults(func=_cmd_export_swe)
+
+
+def _cmd_export_swe(args: argparse.Namespace) -> int:
+    """Writes the completed rows as JSON lines."""
+    rows = load_instances(args.tasks, args.ids.split(",") if args.ids else None)
+    with open(args.out, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    print(f"{len(rows)} rows with image, eval_script, log_parser and eval_type written to {args.out}")
+    return 0
 
 
 def _cmd_build_swe(args: argparse.Namespace) -> int:
     """Builds SWE-bench instance images from dataset rows; exits 1 if any build failed."""
-    rows = load_instances(args.tasks)
-    if args.ids:
-        wanted = set(args.ids.split(","))
-        unknown = sorted(wanted - {r["instance_id"] for r in rows})
-        if unknown:
-            raise ValueError(f"unknown instance ids in {args.tasks}: {', '.join(unknown)}")
-        rows = [r for r in rows if r["instance_id"] in wanted]
+    rows = load_instances(args.tasks, args.ids.split(",") if args.ids else None)
     failed = 0
     for built in build_swe(rows, client=connect(args.host), parallel=args.parallel, repo_source=args.repo_source,
                            ca_bundle=args.ca_bundle, force=args.force):

@@ -43,8 +43,8 @@ class InstanceError(ValueError):
     """An instance (or a set of them) cannot be used; the message says why."""
 
 
-def load_instances(source: Any = None) -> list[dict[str, Any]]:
-    """Instances from ``source``.
+def load_instances(source: Any = None, ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """Instances from ``source`` (only those of ``ids``, chosen before anything is derived, when given).
 
     ``None`` or ``"builtin"``: the offline set; a ``.jsonl``, ``.json`` or
     ``.parquet`` file; a list of instance dicts; otherwise a Hugging Face
@@ -66,6 +66,11 @@ def load_instances(source: Any = None) -> list[dict[str, Any]]:
             raise InstanceError(f"{path}: instance files must be .jsonl, .json or .parquet")
         else:
             rows = _load_dataset(str(source))
+    if ids:
+        unknown = sorted(set(ids) - {row.get("instance_id") for row in rows})
+        if unknown:
+            raise InstanceError(f"unknown instance ids in {source}: {', '.join(unknown)}")
+        rows = [row for row in rows if row.get("instance_id") in set(ids)]
     for row in rows:
         check_row(row)
         missing = [k for k in REQUIRED if k not in row]

@@ -4,8 +4,8 @@ A plain row (``instance_id``, ``repo``, ``version``, ``base_commit``,
 ``environment_setup_commit``, ``test_patch``, ``FAIL_TO_PASS``, ...) names no
 image, eval script or log parser. swebench 5 grades with those fields and no
 longer ships the per-repository install specs that produced them (swebench 4
-did). This module holds those facts for the repositories listed in
-:data:`SPECS` (add more with a JSON file named by ``NEXTSTATE_SWE_SPECS``, or
+did). This module holds those facts for every Python repository of SWE-bench
+(:data:`SPECS`, from ``specs.json``; add more with a JSON file named by ``NEXTSTATE_SWE_SPECS``, or
 ``--specs`` of ``python -m containers build-swe``), and derives from a row:
 
 * the image name, ``sweb.eval.x86_64.<instance_id>:latest`` (swebench's
@@ -37,43 +37,34 @@ TESTBED = "/testbed"
 CONDA = "/opt/miniconda3"
 ACTIVATE = f"source {CONDA}/bin/activate && conda activate {ENV_NAME}"
 HEREDOC = "EOF_114329324912"
-PYTEST = "pytest -rA"
 # test files by extension that SWE-bench never passes to the test command
 NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 
 
-def _versions(spec: dict[str, Any], *versions: str) -> dict[str, dict[str, Any]]:
-    return {v: spec for v in versions}
+SPECS_FILE = Path(__file__).with_name("specs.json")
+#: Repositories of swebench 4's table that are not Python (SWE-bench Multimodal's JavaScript, Multi-SWE's
+#: Java, Go, Rust, C, PHP, Ruby): out of scope, refused with that said.
+NON_PYTHON = "SWE-bench Multimodal and Multilingual repositories (JavaScript, TypeScript, Java, Go, Rust, C, PHP, Ruby)"
 
 
-_FLASK_PINS_3_11 = ["setuptools==70.0.0", "click==8.1.3", "itsdangerous==2.1.2", "Jinja2==3.1.2",
-                    "MarkupSafe==2.1.1", "Werkzeug==2.3.7"]
-#: Install specs per repository and version: facts from SWE-bench's harness (swebench 4's
-#: ``MAP_REPO_VERSION_TO_SPECS``). ``python``: the interpreter; ``requirements``: files at the
-#: environment setup commit to pip-install (first that exists); ``pip_packages``: extra pins;
-#: ``install``: how the repo is installed; ``test_cmd``: the test command; optional ``pre_install``,
-#: ``eval_commands`` and ``log_parser`` (a name in swebench's ``PARSER_REGISTRY``, for repos it lacks).
-SPECS: dict[str, dict[str, dict[str, Any]]] = {
-    "pallets/flask": {
-        "2.0": {"python": "3.9", "requirements": ["requirements/dev.txt"], "install": "python -m pip install -e .",
-                "pip_packages": ["setuptools==70.0.0", "Werkzeug==2.3.7", "Jinja2==3.0.1", "itsdangerous==2.1.2",
-                                 "click==8.0.1", "MarkupSafe==2.1.3"], "test_cmd": PYTEST},
-        "2.1": {"python": "3.10", "requirements": ["requirements/dev.txt"], "install": "python -m pip install -e .",
-                "pip_packages": _FLASK_PINS_3_11, "test_cmd": PYTEST},
-        **_versions({"python": "3.11", "requirements": ["requirements/dev.txt"],
-                     "install": "python -m pip install -e .", "pip_packages": _FLASK_PINS_3_11,
-                     "test_cmd": PYTEST}, "2.2", "2.3", "3.0", "3.1"),
-    },
-    "marshmallow-code/marshmallow": _versions(
-        {"python": "3.9", "install": "python -m pip install -e '.[dev]'", "test_cmd": PYTEST},
-        "2.18", "2.19", "2.20", "3.0", "3.1", "3.2", "3.4", "3.8", "3.9", "3.10", "3.11", "3.12", "3.13",
-        "3.15", "3.16", "3.19"),
-    "psf/requests": _versions(
-        {"python": "3.9", "pip_packages": ["pytest"], "install": "python -m pip install .", "test_cmd": PYTEST},
-        "0.7", "0.8", "0.9", "0.11", "0.13", "0.14", "1.1", "1.2", "2.0", "2.2", "2.3", "2.4", "2.5", "2.7",
-        "2.8", "2.9", "2.10", "2.11", "2.12", "2.17", "2.18", "2.19", "2.22", "2.25", "2.26", "2.27", "2.31",
-        "3.0"),
-}
+def _read_specs(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """``specs.json``: per repository, groups of versions sharing one spec."""
+    table = json.loads(path.read_text())
+    return {repo: {v: group["spec"] for group in groups for v in group["versions"]} for repo, groups in table.items()}
+
+
+#: Install specs per repository and version, for every Python repository of SWE-bench (Lite, Verified and
+#: the full set share the same 12; the dev split and SWE-bench extra add marshmallow, sqlfluff, pvlib,
+#: pydicom, astroid, pyvista, dbt-core): facts of swebench 4.1's ``MAP_REPO_VERSION_TO_SPECS_PY`` kept in
+#: ``specs.json`` and checked against it by tests/test_swe_specs.py. ``python``: the interpreter;
+#: ``requirements``: files at the environment setup commit to pip-install (first that exists; swebench's
+#: ``packages: requirements.txt`` with ``MAP_REPO_TO_REQS_PATHS``); ``environment``: conda environment files
+#: (``packages: environment.yml`` with ``MAP_REPO_TO_ENV_YML_PATHS``); ``packages``: other packages to
+#: install; ``pip_packages``: extra pins; ``pre_install``: shell run before the install; ``install``: how
+#: the repo is installed; ``eval_commands``: shell run before the tests; ``test_cmd``: the test command;
+#: ``no_use_env``, ``execute_test_as_nonroot``, ``nano_cpus`` as swebench has them; ``log_parser`` (a name in
+#: swebench's ``PARSER_REGISTRY``) for repos it lacks.
+SPECS: dict[str, dict[str, dict[str, Any]]] = _read_specs(SPECS_FILE)
 _extra_loaded: str | None = None
 
 
@@ -112,7 +103,8 @@ def spec_of(row: dict[str, Any]) -> dict[str, Any]:
     repo, version = row["repo"], str(row.get("version", ""))
     if repo not in table:
         raise SpecError(
-            f"instance {row['instance_id']}: no install spec for {repo} (known: {', '.join(sorted(table))}); "
+            f"instance {row['instance_id']}: no install spec for {repo} (known: {', '.join(sorted(table))}; "
+            f"{NON_PYTHON} are out of scope); "
             "give the row image, eval_script, log_parser and eval_type, or add the repo's spec in a JSON "
             "file named by NEXTSTATE_SWE_SPECS ({repo: {version: {python, install, test_cmd, ...}}})")
     if version not in table[repo]:

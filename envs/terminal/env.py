@@ -25,7 +25,10 @@ FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
 REWARD_DIR = "/logs/verifier"
 DEFAULT_TEST_TIMEOUT = 60.0
+#: The fallback's own time limit (at least the task's): the task's script may have spent the task's on installing.
+FALLBACK_TEST_TIMEOUT = 120.0
 TMUX_SESSION = "ns"
+ENTER_KEYS = ("Enter", "C-m", "KPEnter")
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR) +(\S+)", re.M)
 _TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
@@ -139,21 +142,22 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
 
-    def run_tests(command: str) -> CommandResult:
+    def run_tests(command: str, limit: float) -> CommandResult:
         return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
-                           f">{TEST_LOG} 2>&1", timeout=timeout)
+                           f">{TEST_LOG} 2>&1", timeout=limit)
 
     script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
     fallback = _fallback_command(sandbox, task)
     run = None
     if data.get("run_tests") is not None:
-        run = run_tests(f"bash --noprofile --norc {script}")
+        run = run_tests(f"bash --noprofile --norc {script}", timeout)
         if fallback and not (run.timed_out or sandbox.run(
                 f"grep -qE {shlex.quote(_PYTEST_RAN)} {TEST_LOG}", timeout=30).exit_code):
             fallback = None  # the script ran its tests after all
     if fallback:
         sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
-        run = run_tests(fallback[0])
+        timeout = max(timeout, FALLBACK_TEST_TIMEOUT)
+        run = run_tests(fallback[0], timeout)
     assert run is not None
     # Only the last summary section counts: output the agent's code printed comes before it.
     summary = sandbox.run(f"tac {TEST_LOG} | sed '/short test summary info/q' | tac", timeout=30)
@@ -168,6 +172,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details.update(extra)
         if reward is None or not math.isfinite(reward):
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            if run.timed_out:
+                details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
             details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
@@ -177,13 +183,24 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     if passed < len(tests) or not tests:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
     if not tests:
-        why = "the tests timed out" if run.timed_out else f"the test script exited with {run.exit_code}"
-        details["reason"] = f"no pytest results found ({why})"
+        why = (f"the tests timed out after {timeout:g} s" if run.timed_out
+               else f"the test script exited with {run.exit_code}")
+        details["reason"] = f"no pytest results found: {why}"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
 
 
 # -- tmux ------------------------------------------------------------------------------------
+def _typed(keys: list[str], block: bool) -> list[str]:
+    """``keys`` for ``tmux send-keys``; a blocking command line ends ``; tmux wait-for -S ...`` on the same
+    line, before its Enter (as terminal-bench's harness types it)."""
+    if not block:
+        return keys
+    while keys and keys[-1] in ENTER_KEYS:
+        keys = keys[:-1]
+    return [*keys, f"; tmux wait-for -S {TMUX_SESSION}-done", "Enter"]
+
+
 def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, timeout: float = 30.0,
                 capture: bool = True) -> str:
     """Shell that types ``keys`` into the sandbox's tmux pane (made on first use) and prints the screen.
@@ -193,21 +210,33 @@ def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, time
     wait until it finishes (at most ``timeout`` s) instead of ``wait`` s.
     """
     s = TMUX_SESSION
-    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1"]
-    if block:
-        keys = [*keys, f"; tmux wait-for -S {s}-done", "Enter"]
-    lines.append(f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in keys)}")
-    lines.append(f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}")
+    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1",
+             f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in _typed(keys, block))}",
+             f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}"]
     if capture:
         lines.append(f"tmux capture-pane -p -t {s} | sed -e :a -e '/^\\n*$/{{$d;N;ba' -e '}}'")
     return "(\n" + "\n".join(lines) + "\n)"  # a subshell: `exit` must not end the sandbox's shell
 
 
-def solution_keys_script(steps: list[dict[str, Any]]) -> str:
-    """Shell that plays terminal-bench's ``solution.yaml`` in the tmux pane."""
-    parts = [tmux_script([s["command"], *(["Enter"] if s["append_enter"] else [])], wait=s["min_timeout_sec"],
-                         block=s["block"], timeout=s["max_timeout_sec"], capture=False) for s in steps]
-    return "\n".join(parts) + f"\ntmux capture-pane -p -t {TMUX_SESSION}"
+def solution_keys_script(steps: list[dict[str, Any]], timeout: float) -> str:
+    """Shell that plays terminal-bench's ``solution.yaml`` in the tmux pane within ``timeout`` s: a blocking
+    step that does not finish in time (its ``max_timeout_sec`` or what is left) is interrupted with C-c,
+    and the steps after it are not typed (exit 124)."""
+    s = TMUX_SESSION
+    lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1",
+             f"end=$((SECONDS + {int(timeout)}))"]
+    for i, step in enumerate(steps, 1):
+        keys = [step["command"], *(["Enter"] if step["append_enter"] else [])]
+        lines.append(f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in _typed(keys, step['block']))}")
+        if step["block"]:
+            most = max(1, int(step["max_timeout_sec"]))
+            lines.append(f"t=$((end - SECONDS)); [ $t -gt {most} ] && t={most}; [ $t -lt 1 ] && t=1")
+            lines.append(f"timeout $t tmux wait-for {s}-done || {{ tmux send-keys -t {s} C-c; "
+                         f"echo 'solution.yaml step {i} did not finish in time: interrupted' >&2; exit 124; }}")
+        else:
+            lines.append(f"sleep {step['min_timeout_sec']:g}")
+    lines.append(f"tmux capture-pane -p -t {s}")
+    return "(\n" + "\n".join(lines) + "\n)"
 
 
 TMUX_TOOL = tool_schema(
@@ -295,7 +324,7 @@ class TerminalEnv(NextStateEnv):
             overrides["user"] = str(user)
         if task.data.get("env"):
             overrides["env"] = dict(task.data["env"])
-        for key in ("memory", "cpus"):
+        for key in ("memory", "cpus", "disk", "workdir"):
             if task.data.get(key):
                 overrides[key] = task.data[key]
         return overrides
@@ -352,9 +381,10 @@ class TerminalEnv(NextStateEnv):
         timeout = float(task.data.get("max_agent_timeout_sec") or 600)
         if task.data.get("solution_keys"):
             steps = task.data["solution_keys"]
-            budget = sum(s["max_timeout_sec"] if s["block"] else s["min_timeout_sec"] for s in steps) + 30
-            return [{"name": "bash", "arguments": {"command": solution_keys_script(steps),
-                                                   "timeout": min(budget, timeout)}}, finish]
+            budget = min(sum(s["max_timeout_sec"] if s["block"] else s["min_timeout_sec"] for s in steps) + 30,
+                         timeout)
+            return [{"name": "bash", "arguments": {"command": solution_keys_script(steps, budget),
+                                                   "timeout": budget + 15}}, finish]
         if not task.data.get("solution"):
             name = "solution/solve.sh" if task.data.get("format") == "harbor" else "solution.sh or solution.yaml"
             raise ValueError(f"task {task.id} has no {name}")

@@ -10,7 +10,8 @@ Task directories of two formats load as written:
   ``solution.yaml`` (commands typed into a tmux pane).
 * **Harbor** (terminal-bench 2.0): ``task.toml`` (``[agent]``/``[verifier]``
   ``timeout_sec``, ``[environment]`` ``allow_internet``, ``memory_mb``,
-  ``cpus``), ``instruction.md``, ``environment/`` (``Dockerfile`` or
+  ``cpus``, ``storage_mb`` (the sandbox's disk limit), ``build_timeout_sec``,
+  ``workdir`` (the sandbox's working directory)), ``instruction.md``, ``environment/`` (``Dockerfile`` or
   ``docker-compose.yaml``), ``tests/test.sh`` (writes
   ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh``.
 
@@ -133,8 +134,11 @@ def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
               "max_agent_timeout_sec": (meta.get("agent") or {}).get("timeout_sec"),
               "max_test_timeout_sec": (meta.get("verifier") or {}).get("timeout_sec"),
               "network": env.get("allow_internet"), "user": meta.get("user") or env.get("user"),
-              "memory": f"{int(env['memory_mb'])}m" if env.get("memory_mb") else None,
+              "memory": f"{int(env['memory_mb'])}m" if env.get("memory_mb") else _size(env.get("memory")),
               "cpus": float(env["cpus"]) if env.get("cpus") else None,
+              "disk": f"{int(env['storage_mb'])}m" if env.get("storage_mb") else _size(env.get("storage")),
+              "build_timeout": float(env["build_timeout_sec"]) if env.get("build_timeout_sec") else None,
+              "workdir": env.get("workdir"),
               "verifier_env": (meta.get("verifier") or {}).get("env") or {}}
     data.update({k: v for k, v in fields.items() if v is not None})
     test_sh = d / "tests" / "test.sh"
@@ -144,6 +148,16 @@ def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
         data["solution"] = (solution / "solve.sh").read_text()
         data["solution_dir"] = str(solution)
     return Task(d.name, instruction, data, str(about.get("category", "")))
+
+
+def _size(value: Any) -> str | None:
+    """Harbor's older ``memory``/``storage`` sizes (``"4G"``, ``"512M"``) as Docker sizes (``"4g"``)."""
+    if value is None:
+        return None
+    found = re.fullmatch(r"\s*(\d+)\s*([KMGT])i?B?\s*", str(value), re.I)
+    if not found:
+        raise ValueError(f"task.toml: {value!r} is not a size such as '4G' or '512M'")
+    return f"{found.group(1)}{found.group(2).lower()}"
 
 
 def _environment(d: Path, data: dict[str, Any]) -> None:
@@ -244,7 +258,7 @@ def task_image(task: Task) -> tuple[str, str] | None:
                     slug = re.sub(r"[^a-z0-9_.-]+", "-", task.id.lower()).strip("-.") or "task"
                     image = containers.build_image(build["context"], f"nextstate/task-{slug}-{digest}:latest",
                                                    dockerfile=build.get("dockerfile"),
-                                                   network=bool(task.data.get("network")))
+                                                   timeout=task.data.get("build_timeout"))
                 else:
                     local = local_base(ref) or ref
                     image = containers.ensure_image(name) if (name := known_name(local)) else local

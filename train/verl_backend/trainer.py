@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import response_to_nested
 
 from train.advantage import step_rewards
+from train.checkpoint import resume_line
 from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_OUTCOME, FIELD_STEP, FIELD_VOTE_MEAN, FIELDS,
                                           step_advantages)
 
@@ -151,6 +153,15 @@ class NextStateTrainer(PPOTrainerSync):
     @trainer_mode.setter
     def trainer_mode(self, value: str) -> None:
         """The configured name (``nextstate``) only selects this class."""
+
+    def _load_checkpoint(self) -> None:
+        """veRL's resume, then the line ``python -m train --resume`` prints (veRL logs it at INFO)."""
+        super()._load_checkpoint()
+        if self.config.trainer.resume_mode != "disable":
+            root = Path(self.config.trainer.default_local_dir)
+            where = root / f"global_step_{self.global_steps}" if self.global_steps else root
+            print(resume_line(self.global_steps or None, self.total_training_steps, where),
+                  file=sys.stderr, flush=True)
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
                          epoch: int) -> None:
