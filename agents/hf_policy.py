@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from agents.batching import Batcher, Decoded, PrefixCache, Row, decode
-from agents.policy import Generation, Policy
+from agents.policy import Generation, Policy, cut_at_stop, split_stops
 
 
 @dataclass
@@ -117,16 +117,9 @@ class HFPolicy(Policy):
         if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1 or req.n < 1:
             raise ValueError(f"bad sampling parameters: temperature={temperature}, top_p={top_p}, "
                              f"max_tokens={max_tokens}, n={req.n}")
-        stop = s.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        stop_ids, stop_strings = set(self._eos_ids()), []
-        for text in stop:  # a stop string that is one token stops like EOS (and exactly)
-            with self._tokenizer_lock:
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) == 1:
-                stop_ids.add(ids[0])
-            else:
-                stop_strings.append(text)
+        with self._tokenizer_lock:  # a stop string that is one token stops like EOS (and exactly)
+            one_token, stop_strings = split_stops(self.tokenizer, s.get("stop"))
+        stop_ids = {*self._eos_ids(), *one_token}
         prompt = self.prompt_ids(req.messages, req.tools)
         seed = s.get("seed")
         rows = []
@@ -143,9 +136,7 @@ class HFPolicy(Policy):
 
     def _generation(self, row: Row, got: Decoded) -> Generation:
         text = self._decode_text(got.ids)
-        hit = [text.index(s) + len(s) for s in row.stop_strings if s in text]
-        if hit:
-            text = text[:min(hit)]
+        text, _ = cut_at_stop(text, row.stop_strings)
         return Generation(text=text, prompt_ids=row.prompt, response_ids=got.ids, logprobs=got.logprobs,
                           finish_reason="stop" if got.stopped else "length", ids_from_server=True,
                           policy_version=self.version)
