@@ -392,7 +392,8 @@ def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
 @torch.no_grad()
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
            text_of: Callable[[list[int]], str] | None = None, prefixes: PrefixCache | None = None,
-           on_done: Callable[[int, Decoded], None] | None = None, max_scores: int = 1 << 26) -> list[Decoded]:
+           on_done: Callable[[int, Decoded], None] | None = None, max_scores: int = 1 << 26,
+           on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
     """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
 
     Prefill: each prompt starts from the longest prefix ``prefixes`` holds (a previous turn
@@ -402,14 +403,15 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
     similar lengths (:func:`_groups`; at most ``max_scores`` attention scores at once), then
     all rows decode together, one forward pass per new token, a finished row leaving the
     batch (``on_done(i, decoded)`` is called then, and its sequence stored in ``prefixes``).
+    ``on_token(i, token)`` is called for each token of row ``i`` as it is sampled (streaming).
     """
     with _fast_attention(model):
-        return _decode(model, rows, pad_id, text_of, prefixes, on_done, max_scores)
+        return _decode(model, rows, pad_id, text_of, prefixes, on_done, max_scores, on_token)
 
 
 def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[list[int]], str] | None,
             prefixes: PrefixCache | None, on_done: Callable[[int, Decoded], None] | None,
-            max_scores: int) -> list[Decoded]:
+            max_scores: int, on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
     prompts = [r.prompt for r in rows]
     reuse = _supported(model)
     store = prefixes if prefixes is not None and reuse else PrefixCache()
@@ -455,6 +457,8 @@ def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[lis
             row, got = rows[i], out[i]
             got.ids.append(tok)
             got.logprobs.append(lp)
+            if on_token:
+                on_token(i, tok)
             got.stopped = tok in row.stop_ids or bool(
                 row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
             if not got.stopped and len(got.ids) < row.max_new_tokens:

@@ -26,10 +26,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from agents.batching import Batcher, Decoded, PrefixCache, Row, decode
-from agents.policy import Generation, Policy
+from agents.policy import Generation, Policy, cut_at_stop, split_stops
 
 
 @dataclass
@@ -39,6 +39,7 @@ class _Request:
     n: int
     sampling: dict[str, Any]
     priority: int = 1
+    on_token: Callable[[int], None] | None = None   # called with each sampled token (worker thread)
 
 
 class HFPolicy(Policy):
@@ -56,6 +57,8 @@ class HFPolicy(Policy):
     ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
     whenever the weights change; 0 turns reuse off).
     ``decode_calls`` counts batched generations (one per batch, more if a batch failed).
+    ``version`` numbers the weights: whoever changes them bumps it while holding ``.lock``, and
+    each generation reports the version it was sampled with (``Generation.policy_version``).
     """
 
     def __init__(self, model_name_or_path: str = "tiny", device: str = "cpu", dtype: Any = None, *,
@@ -79,6 +82,7 @@ class HFPolicy(Policy):
         self.lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.decode_calls = 0
+        self.version = 0
         self.batcher = Batcher(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows,
                                rows_of=lambda req: req.n, name=f"{self.name} batcher")
 
@@ -113,16 +117,9 @@ class HFPolicy(Policy):
         if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1 or req.n < 1:
             raise ValueError(f"bad sampling parameters: temperature={temperature}, top_p={top_p}, "
                              f"max_tokens={max_tokens}, n={req.n}")
-        stop = s.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        stop_ids, stop_strings = set(self._eos_ids()), []
-        for text in stop:  # a stop string that is one token stops like EOS (and exactly)
-            with self._tokenizer_lock:
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-            if len(ids) == 1:
-                stop_ids.add(ids[0])
-            else:
-                stop_strings.append(text)
+        with self._tokenizer_lock:  # a stop string that is one token stops like EOS (and exactly)
+            one_token, stop_strings = split_stops(self.tokenizer, s.get("stop"))
+        stop_ids = {*self._eos_ids(), *one_token}
         prompt = self.prompt_ids(req.messages, req.tools)
         seed = s.get("seed")
         rows = []
@@ -139,16 +136,17 @@ class HFPolicy(Policy):
 
     def _generation(self, row: Row, got: Decoded) -> Generation:
         text = self._decode_text(got.ids)
-        hit = [text.index(s) + len(s) for s in row.stop_strings if s in text]
-        if hit:
-            text = text[:min(hit)]
+        text, _ = cut_at_stop(text, row.stop_strings)
         return Generation(text=text, prompt_ids=row.prompt, response_ids=got.ids, logprobs=got.logprobs,
-                          finish_reason="stop" if got.stopped else "length", ids_from_server=True)
+                          finish_reason="stop" if got.stopped else "length", ids_from_server=True,
+                          policy_version=self.version)
 
-    def _decode(self, rows: list[Row], on_done: Callable[[int, Decoded], None] | None = None) -> list[Decoded]:
+    def _decode(self, rows: list[Row], on_done: Callable[[int, Decoded], None] | None = None,
+                on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
         with self.lock:
             self.decode_calls += 1
-            return decode(self.model, rows, self._pad_id(), self._decode_text, self.prefixes, on_done)
+            return decode(self.model, rows, self._pad_id(), self._decode_text, self.prefixes, on_done,
+                          on_token=on_token)
 
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -176,8 +174,14 @@ class HFPolicy(Policy):
             if not left[k]:
                 deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
 
+        def token(j: int, tok: int) -> None:
+            callback = reqs[flat[j][0]].on_token
+            if callback is not None:
+                callback(tok)
+
+        streaming = any(req.on_token for req in reqs)
         try:
-            self._decode([rows[k][i] for k, i in flat], row_done)
+            self._decode([rows[k][i] for k, i in flat], row_done, token if streaming else None)
         except Exception:   # run each unfinished request alone: only the culprit fails
             for k in [k for k, n in left.items() if n]:
                 try:
@@ -195,6 +199,34 @@ class HFPolicy(Policy):
     async def generate(self, messages: list[dict], tools: list[dict] | None = None,
                        **sampling: Any) -> Generation:
         return (await self._run(messages, tools, 1, sampling))[0]
+
+    async def stream(self, messages: list[dict], tools: list[dict] | None = None,
+                     **sampling: Any) -> AsyncIterator[tuple[str, int] | Generation]:
+        """One answer as it is sampled: ``(text piece, weights version)`` pairs, then the
+        :class:`Generation` (whose text the pieces add up to). Text that may still become a stop
+        string is held back until it cannot; the first pair comes with the first token."""
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+        req = _Request(messages, tools, 1, sampling,   # the callback runs under .lock: the version is exact
+                       on_token=lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, (tok, self.version)))
+        fut = self.batcher.submit(req, req.priority)
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(tokens.put_nowait, None))
+        stop = sampling.get("stop") or []
+        hold = max((len(s) for s in ([stop] if isinstance(stop, str) else stop)), default=1) - 1
+        ids: list[int] = []
+        sent = ""
+        while (item := await tokens.get()) is not None:
+            tok, version = item
+            ids.append(tok)
+            text = self._decode_text(ids).rstrip("\ufffd")   # an unfinished UTF-8 sequence waits
+            ready = text[:max(len(sent), len(text) - hold)]
+            if len(ids) == 1 or (ready.startswith(sent) and len(ready) > len(sent)):
+                yield ready[len(sent):], version
+                sent = ready
+        gen = (await asyncio.wrap_future(fut))[0]
+        if gen.text.startswith(sent) and len(gen.text) > len(sent):
+            yield gen.text[len(sent):], gen.policy_version
+        yield gen
 
     async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
                        max_tokens: int = 1024) -> list[str]:

@@ -36,9 +36,33 @@ class Generation:
     finish_reason: str = "stop"
     ids_from_server: bool = False
     message: dict[str, Any] | None = None  # the raw assistant message, when a server sent one
+    policy_version: int | None = None  # the weights that produced it, when the backend counts them
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def split_stops(tokenizer: Any, stop: str | list[str] | None) -> tuple[list[int], list[str]]:
+    """Stop strings as a token-level engine takes them: ``(token ids, strings)``.
+
+    A stop string that is one token stops on that token (exactly, like EOS, with no
+    detokenizer needed); the others stay strings, matched on the decoded text.
+    """
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
+    ids, strings = [], []
+    for text in stop:
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        if len(tokens) == 1:
+            ids.append(tokens[0])
+        else:
+            strings.append(text)
+    return ids, strings
+
+
+def cut_at_stop(text: str, stop_strings: list[str] | tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` up to and including its first stop string, and whether one was found."""
+    hit = [text.index(s) + len(s) for s in stop_strings if s in text]
+    return (text[:min(hit)], True) if hit else (text, False)
 
 
 class Policy(ABC):

@@ -9,16 +9,39 @@ votes, majority and mean), so the trainer and the agent loop take either:
 * the command exited non-zero -> -1;
 * otherwise (a tool ran and exited 0, or ended the episode) -> +1.
 
+Next states that arrive as text (a tool result or a user's reply in an OpenAI-style chat, as
+``train.proxy`` sees them) are read by :func:`text_state`: an exit code written in the text
+counts as above; else a message that reports an error votes -1, one that reports success +1,
+and anything else 0 (the text alone does not say the action worked).
+
 It cannot tell a right value from a wrong one; it only says whether the
 action worked. Pick it with ``--judge rules`` (``judge.mode=rules``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from judges.hints import hint_result
 from judges.prm import JudgeRequest, JudgeResult, format_action, format_next_state, tally
+
+
+_EXIT = re.compile(r"(?:exit(?:ed)?[ _]?(?:with )?(?:code|status)?|return[ _]?code)\W{0,3}(-?\d+)", re.I)
+_ERROR = re.compile(r"traceback \(most recent call last\)|\berror\b|\bfailed\b|\bfailure\b|"
+                    r"command not found|no such file or directory|permission denied|\bexception\b", re.I)
+_SUCCESS = re.compile(r"\bsuccess(?:ful|fully)?\b|\bsucceeded\b|\bpassed\b", re.I)
+
+
+def text_state(text: str) -> dict[str, Any]:
+    """A next state given as text: its exit code when it states one, the first phrase that
+    reports an error, and whether it reports success (``from_text`` marks it for
+    :func:`rule_vote`)."""
+    code = _EXIT.search(text)
+    error = _ERROR.search(text)
+    return {"valid": True, "output": text, "from_text": True,
+            "exit_code": int(code.group(1)) if code else None,
+            "error": error.group(0) if error else None, "success": bool(_SUCCESS.search(text))}
 
 
 def rule_vote(next_state: dict[str, Any]) -> tuple[int, str]:
@@ -30,7 +53,13 @@ def rule_vote(next_state: dict[str, Any]) -> tuple[int, str]:
     code = next_state.get("exit_code")
     if code not in (None, 0):
         return -1, f"the command exited with {code}"
-    return 1, "the action ran and succeeded"
+    if not next_state.get("from_text"):
+        return 1, "the action ran and succeeded"
+    if code is None and next_state.get("error"):
+        return -1, f"the next message reports an error ({next_state['error']!r})"
+    if code == 0 or next_state.get("success"):
+        return 1, "the next message reports success"
+    return 0, "the next message says neither success nor failure"
 
 
 class RuleJudge:

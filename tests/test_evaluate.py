@@ -114,3 +114,19 @@ def test_terminal_gold_runs_the_solution_and_noop_finishes_at_once(tmp_path):
     noop = evaluate("terminal", "builtin", "noop", parallel=2, output=tmp_path / "noop", ids=ids)
     assert (gold["succeeded"], noop["succeeded"]) == (2, 0)
     assert all(r["steps"] == 1 for r in read_jsonl(tmp_path / "noop" / "results.jsonl"))
+
+
+def test_a_checkpoint_is_scored_with_the_trainers_prompt_and_sampling(tmp_path):
+    """--no-system-prompt, --temperature, --max-response-tokens reach the episode as the trainer's settings do."""
+    texts = []
+    for run in ("a", "b"):
+        out = tmp_path / run
+        assert main(["--env", "toolcall", "--policy", "tiny", "--output", str(out), "--ids", "nextstate-aime-1",
+                     "--max-steps", "1", "--backend", "local", "--parallel", "1", "--temperature", "0",
+                     "--no-system-prompt", "--max-response-tokens", "8"]) == 0
+        step = next(r for r in read_jsonl(out / "rollouts.jsonl") if r["kind"] == "step")
+        assert [m["role"] for m in step["messages"]] == ["user"]      # the task only: no system turn
+        texts.append(step["text"])
+    assert texts[0] == texts[1]                                       # temperature 0: greedy, the same answer
+    assert main(["--env", "toolcall", "--policy", "tiny", "--output", str(tmp_path / "c"),
+                 "--temperature", "-1"]) == 2

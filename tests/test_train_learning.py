@@ -65,6 +65,15 @@ def test_a_non_finite_gradient_skips_the_update_and_says_so(generation):
     assert all(torch.equal(a, b) or torch.isnan(a).any() for a, b in zip(before, learner.model.parameters()))
 
 
+@pytest.mark.parametrize("updates", [1, 3])
+def test_a_step_makes_updates_per_step_optimizer_updates(generation, updates):
+    learner = Learner(HFPolicy("tiny", seed=0), _cfg(**{"train.updates_per_step": updates}))
+    sample = Sample(generation.prompt_ids, generation.response_ids, generation.logprobs, 1.0, 1.0)
+    metrics = learner.step(Batch([sample] * 4), progress=False)
+    adam_steps = {float(state["step"]) for state in learner.optimizer.state.values()}
+    assert adam_steps == {float(updates)} and metrics["train/updates"] == updates
+
+
 def test_actor_loss_is_verls_vanilla_loss_plus_low_var_kl(generation):
     cfg = _cfg()
     actor = actor_config(cfg.train, 2)

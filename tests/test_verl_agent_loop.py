@@ -184,3 +184,56 @@ def test_a_step_whose_prompt_is_over_the_budget_is_left_out_not_cut():
     outputs = step_outputs(traj, "agent", prompt_length=10, response_length=4)
     assert [o.extra_fields[vadv.FIELD_STEP] for o in outputs] == [0, 2]
     assert [len(o.prompt_ids) for o in outputs] == [8, 10]   # whole prompts, never a cut one
+
+
+def test_same_step_sends_the_same_prompt_and_sampling_on_both_backends(tmp_path):
+    """Step 0 of one task, once through the local trainer's rollout (its HFPolicy's request rows)
+    and once through the veRL agent loop (the request its server client gets)."""
+    import asyncio
+
+    from agents.hf_policy import HFPolicy
+    from train.local import LocalTrainer, tasks_for_step
+
+    over = {"judge.mode": "none", "env.max_steps": 1, "rollout.tasks_per_step": 1,
+            "rollout.samples_per_task": 1, "rollout.temperature": 0.7, "rollout.top_p": 0.9}
+    cfg, config = _loop_config(tmp_path, **over)
+    local = LocalTrainer(cfg, tmp_path / "local", progress=False)
+    rows, real_rows = [], local.policy._rows
+
+    def recorded_rows(req):                      # the local policy's request rows, recorded as made
+        rows.extend(real_rows(req))
+        return rows[-req.n:]
+
+    local.policy._rows = recorded_rows
+    try:
+        asyncio.run(local.rollout(0))
+    finally:
+        local.close()
+    task = local.tasks[tasks_for_step(len(local.tasks), 0, 1, cfg.run.seed)[0]]
+
+    server = TinyServer()
+    loop = _make_loop(config, server, server.tokenizer)
+    rc = config.actor_rollout_ref.rollout   # the sampling parameters veRL's agent-loop worker passes
+    params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "repetition_penalty": 1.0,
+              "logprobs": rc.calculate_log_probs}
+    asyncio.run(loop.run(params, raw_prompt=[], extra_info={"task_id": task.id}, uid="u", session_id=0))
+
+    (row,), (call,) = rows, server.calls
+    sent = call["params"]
+    assert row.prompt == call["prompt_ids"]
+    assert (row.temperature, row.top_p, row.max_new_tokens) == (sent["temperature"], sent["top_p"],
+                                                                 sent["max_tokens"]) == (0.7, 0.9, 24)
+    eos = set(HFPolicy._eos_ids(local.policy))
+    assert set(row.stop_ids) - eos == set(sent["stop_token_ids"]) == {server.tokenizer.convert_tokens_to_ids("</tool_call>")}
+    assert tuple(row.stop_strings) == tuple(sent.get("stop", ()))
+
+
+async def test_server_policy_cuts_its_text_after_a_stop_string():
+    from train.verl_backend.agent_loop import ServerPolicy
+
+    server = TinyServer(script=lambda i: 'DONE!<tool_call>{"name": "x"}</tool_call> trailing junk')
+    policy = ServerPolicy(server, server.tokenizer, {"temperature": 1.0, "logprobs": True})
+    gen = await policy.generate([{"role": "user", "content": "hi"}], max_tokens=64, stop=["</tool_call>", "DONE!"])
+    assert gen.text == "DONE!" and gen.finish_reason == "stop"
+    assert server.calls[0]["params"]["stop"] == ["DONE!"]
+    assert server.calls[0]["params"]["stop_token_ids"] == [server.tokenizer.convert_tokens_to_ids("</tool_call>")]

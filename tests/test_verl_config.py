@@ -1,5 +1,6 @@
 """``python -m train --backend verl``: the composed config is one veRL's own classes accept."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,19 +61,66 @@ def test_without_an_accelerator_the_cpu_platform_and_hf_rollout_are_composed(tmp
     assert "VERL_PLATFORM" not in gpu.ray_kwargs.ray_init.runtime_env.env_vars
 
 
-def test_cpu_platform_is_registered_and_chosen_only_without_an_accelerator():
+def test_cpu_platform_is_registered_and_chosen_only_by_name(monkeypatch):
     from verl.plugin.platform import PlatformRegistry
+    from verl.plugin.platform.platform_manager import _detect_platform_name
     from verl.workers.engine.base import EngineRegistry
 
     import train.verl_backend.plugin  # noqa: F401
-    from train.verl_backend.cpu import PlatformCPU, accelerator_present
+    from train.verl_backend.cpu import PlatformCPU
 
     assert PlatformRegistry.get("cpu") is PlatformCPU
-    assert PlatformRegistry.registered_names()[-1] == "cpu"      # probed after every accelerator
+    assert not PlatformCPU().is_platform_available(use_smi_check=True)   # never detected
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    assert _detect_platform_name() != "cpu"
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert _detect_platform_name() == "cpu"
     platform = PlatformCPU()
-    assert platform.is_platform_available(use_smi_check=True) == (not accelerator_present())
     assert platform.communication_backend_name() == "gloo" and platform.device_name == "cpu"
     assert EngineRegistry._engines["language_model"]["fsdp2"]["cpu"].__name__ == "CPUFSDPEngineWithLMHead"
+
+
+def test_auto_device_joining_a_ray_cluster_is_gpu(tmp_path, monkeypatch):
+    from train.verl_backend.cpu import accelerator_present
+    from train.verl_backend.launch import on_cpu
+
+    cfg = load_config("toolcall", overrides=[f"run.output={tmp_path}"])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert on_cpu(cfg) == (not accelerator_present())
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")   # a cluster's head: its workers decide the device
+    assert not on_cpu(cfg)
+    cfg.verl.device = "cpu"
+    assert on_cpu(cfg)
+
+
+def verl_test_file(relative: str) -> Path:
+    """A test file of veRL's own suite, as the veRL 0.9.1 wheel installs it (``tests/...``)."""
+    from importlib.metadata import distribution
+
+    dist = distribution("verl")
+    match = [f for f in dist.files or [] if str(f) == relative]
+    if not match:
+        pytest.skip(f"the installed veRL has no {relative}")
+    return Path(dist.locate_file(match[0]))
+
+
+@pytest.mark.slow
+def test_verls_own_platform_tests_pass_with_the_plugin_installed(tmp_path):
+    """veRL's ``tests/plugin/test_platform_abstraction.py``, unmodified, with the nextstate plugin
+    loaded through its ``verl.plugins`` entry point (as on any host where nextstate is installed)."""
+    path = verl_test_file("tests/plugin/test_platform_abstraction.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VERL_USE_EXTERNAL_PLUGINS": "auto"}
+    for name in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES"):
+        env.pop(name, None)
+    code = ("import sys, pytest, verl\n"
+            "from verl.plugin.platform import PlatformRegistry\n"
+            "print('registered', PlatformRegistry.registered_names(), flush=True)\n"
+            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--rootdir', {str(tmp_path)!r}, {str(path)!r}]))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=900)
+    assert "'cpu'" in out.stdout.split("\n", 1)[0], out.stdout[-2000:] + out.stderr[-2000:]   # the plugin is loaded
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout
 
 
 def test_compose_reports_bad_hydra_overrides_as_config_errors(tmp_path):
@@ -100,3 +148,47 @@ def test_task_data_is_what_verls_dataset_reads(tmp_path):
     assert row["extra_info"]["task_id"] == tasks[1].id and row["index"] == 1
     assert row["agent_name"] == "nextstate"
     assert row["raw_prompt"] == [{"role": "user", "content": tasks[1].instruction}]
+
+
+@pytest.fixture
+def restored_environ():
+    """The launcher exports its run's variables (``VERL_PLATFORM``, the run id) into ``os.environ``."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _launch_fails_in_one_line(tmp_path, capsys) -> str:
+    from train.__main__ import main
+
+    assert main(["--backend", "verl", "--env", "toolcall", "--model", "tiny", "--output", str(tmp_path),
+                 "verl.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()        # veRL's validate_config says it passed, then:
+    assert err[-1].startswith("error: ") and not (tmp_path / "model").exists()   # before writing or starting anything
+    return err[-1]
+
+
+def test_launch_stops_when_the_plugin_did_not_register_its_agent_loop(tmp_path, capsys, monkeypatch,
+                                                                      restored_environ):
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    import train.verl_backend.plugin  # noqa: F401
+    monkeypatch.delitem(_agent_loop_registry, "nextstate")      # as when veRL swallowed a plugin error
+    err = _launch_fails_in_one_line(tmp_path, capsys)
+    assert err.startswith("error: the nextstate plugin did not register agent loop 'nextstate'"), err
+
+
+def test_launch_stops_when_the_plugin_fails_to_import(tmp_path, capsys, monkeypatch, restored_environ):
+    from train.verl_backend import launch
+    monkeypatch.setattr(launch, "PLUGIN_MODULE", "train.verl_backend.no_such_plugin")   # an import that fails
+    err = _launch_fails_in_one_line(tmp_path, capsys)
+    assert err.startswith("error: the nextstate plugin for veRL (train.verl_backend.no_such_plugin) failed to load: "
+                          "ModuleNotFoundError"), err
+
+
+def test_a_run_with_an_sft_section_trains_from_its_warm_start(tmp_path):
+    cfg = load_config("terminal", cpu_demo=True, overrides=[f"run.output={tmp_path}", "sft.steps=4",
+                                                            "sft.tasks=procedural:0:8", "verl.device=cpu"])
+    config = compose(cfg, n_tasks=4)
+    assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "warm_start")   # the local run's too

@@ -84,6 +84,12 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
     moved = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(moved) > len(before) // 2, f"only {moved} changed"
 
+    # train.updates_per_step (1): one AdamW update in the step, though each episode has 2 env steps
+    optim = torch.load(out_dir / "checkpoints" / "global_step_1" / "actor" / "optim_world_size_1_rank_0.pt",
+                       weights_only=False)
+    steps = {float(getattr(s["step"], "full_tensor", lambda: s["step"])()) for s in optim["state"].values()}
+    assert steps == {1.0}, steps
+
     # the local backend's outputs; the hf rollout's log-probs are the ones veRL's actor recomputes
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]

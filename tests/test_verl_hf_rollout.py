@@ -50,3 +50,17 @@ def test_registered_in_both_of_verls_rollout_registries():
 
     assert get_rollout_class(NAME, "async") is HFServerAdapter
     assert get_rollout_replica_class(NAME) is HFReplica
+
+
+async def test_generation_stops_at_stop_token_ids_and_after_stop_strings(model_dir):
+    server = HFRolloutServer(str(model_dir), max_tokens=32)
+    prompt = [256, 10, 20, 30]
+    greedy = {"temperature": 0.0, "max_tokens": 12}
+    free = (await server.generate(prompt, greedy)).token_ids
+    by_id = await server.generate(prompt, {**greedy, "stop_token_ids": [free[0]]})
+    assert by_id.token_ids == free[:1] and len(by_id.log_probs) == 1
+    decode = server.tokenizer.decode
+    text = decode(free[:2], skip_special_tokens=True)                       # a two-token stop string
+    first = next(j for j in range(len(free)) if text in decode(free[:j + 1], skip_special_tokens=True))
+    by_string = await server.generate(prompt, {**greedy, "stop": [text]})
+    assert by_string.token_ids == free[:first + 1] and len(free) > first + 1

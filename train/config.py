@@ -113,6 +113,7 @@ class TrainConfig:
     loss_agg_mode: str = "token-mean"
     grad_clip: float = 1.0
     micro_batch_size: int = 4         # samples per forward/backward (gradient accumulation)
+    updates_per_step: int = 1         # optimizer updates per training step: its samples in as many mini-batches
     max_staleness: int = 1            # rollouts run this many steps ahead of training (0: no overlap)
     role: str = "agent"               # the steps of this role train the model
 
@@ -150,14 +151,13 @@ class RunConfig:
 @dataclass
 class VerlConfig:
     """The distributed backend (``--backend verl``); anything else goes in ``overrides``."""
-    device: str = "auto"              # auto (cpu when no accelerator is visible) | gpu | cpu
+    device: str = "auto"              # auto (cpu when no accelerator is visible and RAY_ADDRESS is unset) | gpu | cpu
     rollout_engine: str = "vllm"      # vllm | sglang (gpu); the cpu device uses the hf rollout
     nnodes: int = 1
     n_gpus_per_node: int = 8
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.6
     micro_batch_size_per_gpu: int = 1
-    mini_batch_size: int = 0          # prompts per PPO mini-batch; 0: the whole step (one update per step)
     param_offload: bool = False
     agent_workers: int = 8            # agent-loop worker processes; each runs ceil(parallel / agent_workers) sandboxes
     overrides: list[str] = field(default_factory=list)   # raw Hydra overrides for veRL's config
@@ -368,6 +368,7 @@ def validate(cfg: Config) -> None:
         (cfg.run.save_every >= 1, "run.save_every must be at least 1"),
         (cfg.train.micro_batch_size >= 1, "train.micro_batch_size must be at least 1"),
         (cfg.train.max_staleness >= 0, "train.max_staleness must be non-negative"),
+        (cfg.train.updates_per_step >= 1, "train.updates_per_step must be at least 1"),
         (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
         (cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
         (cfg.sft.steps == 0 or bool(cfg.sft.tasks), "sft.steps > 0 needs sft.tasks"),

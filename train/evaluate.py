@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
+from agents.chat import ChatConfig
 from envs import env_class, registry
 from envs.base import NextStateEnv, Task, TaskUnsupported
 from envs.pool import EnvCache
@@ -100,16 +101,18 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
 
 
 def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], policy: Any,
-               parallel: int, rollouts: Path | None = None) -> list[dict[str, Any]]:
-    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`;
-    with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
+               parallel: int, rollouts: Path | None = None, *, chat: ChatConfig | None = None,
+               sampling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`,
+    with the prompt shape ``chat`` and the ``sampling`` parameters (temperature, top_p) a trainer
+    uses; with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
     from train.rollout import collect
     from agents.recorder import Recorder
 
     recorder = Recorder(rollouts) if rollouts else None
     try:
         trajectories = asyncio.run(collect(env_factory, policy, tasks, parallel=parallel,
-                                           recorder=recorder))
+                                           recorder=recorder, chat=chat, sampling=sampling))
     finally:
         if recorder:
             recorder.close()
@@ -155,11 +158,13 @@ def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: st
 def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, parallel: int = 4,
              output: str | Path, max_steps: int | None = None, model: str | None = None,
              ids: list[str] | None = None, backend: str = "auto",
-             env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+             env_kwargs: dict[str, Any] | None = None, chat: ChatConfig | None = None,
+             sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs the evaluation and writes its files; returns the report.
 
     ``policy``: ``"gold"``, ``"noop"``, a :func:`~agents.make_policy` string
     or a :class:`~agents.policy.Policy`. ``ids`` restricts the run to these task ids.
+    ``chat`` and ``sampling``: a model policy's prompt shape and sampling (see :func:`run_policy`).
     """
     env_cls = env_class(family)
     kw = {"backend": backend, **(env_kwargs or {})}
@@ -191,7 +196,8 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
             if isinstance(policy, str):
                 from agents import make_policy
                 policy = make_policy(policy, **({"model": model} if model else {}))
-            rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl")
+            rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl",
+                              chat=chat, sampling=sampling)
     finally:
         if pool is not None:
             pool.close()
@@ -258,6 +264,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--parallel must be at least 1, got {args.parallel}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.temperature is not None and args.temperature < 0:
+        raise ValueError(f"--temperature must be non-negative, got {args.temperature}")
+    for flag in ("max_response_tokens", "max_context_tokens"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.model and args.model.startswith(("http://", "https://")):
         raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
                          "give the URL as --policy")
@@ -284,14 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto", choices=["auto", "docker", "local"], help="sandbox backend")
     p.add_argument("--grade-network", choices=["on", "off"],
                    help="SWE: network in the grading container (default on, as swebench's harness)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 1.0; a trainer's eval.temperature)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling (default 1.0; a trainer's rollout.top_p)")
+    p.add_argument("--no-system-prompt", action="store_true",
+                   help="no system turn and no tool list, as rollout.system_prompt=false (the CPU demo)")
+    p.add_argument("--max-response-tokens", type=int, help="tokens per action (rollout.max_response_tokens)")
+    p.add_argument("--max-context-tokens", type=int, help="prompt plus action budget (rollout.max_context_tokens)")
     args = p.parse_args(argv)
     try:
         check_args(args)
+        chat = ChatConfig(**{k: v for k, v in (("context_tokens", args.max_context_tokens),
+                                               ("max_response_tokens", args.max_response_tokens)) if v},
+                          system_prompt=not args.no_system_prompt)
+        sampling = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v is not None}
         report = evaluate(registry.resolve(args.env), args.tasks, args.policy, parallel=args.parallel, output=args.output,
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,
                           env_kwargs=({"grade_network": args.grade_network == "on"}
-                                      if args.grade_network else None))
+                                      if args.grade_network else None), chat=chat, sampling=sampling)
     except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,10 +4,10 @@ Rollouts generate with the serving model inside :class:`~agents.hf_policy.HFPoli
 the learner trains its own copy, so a training step never touches weights a
 generation is reading. :meth:`Learner.publish` then copies the new weights
 into the serving model under the policy's generate lock (between two
-generations). One :meth:`Learner.step` is one optimizer update over the whole
-batch, accumulated over micro-batches. Under On-Policy Distillation it first scores
-each hinted sample's response in its teacher context (one forward pass of the
-teacher per hinted step, :meth:`Learner.score_teacher`).
+generations). One :meth:`Learner.step` is ``train.updates_per_step`` optimizer
+updates (default one, over the whole batch), each accumulated over micro-batches. Under
+On-Policy Distillation it first scores each hinted sample's response in its teacher
+context (one forward pass of the teacher per hinted step, :meth:`Learner.score_teacher`).
 """
 
 from __future__ import annotations
@@ -54,14 +54,28 @@ class Learner:
         self.device = next(self.model.parameters()).device
 
     def step(self, batch: Batch, progress: bool = True) -> dict[str, float]:
-        """One optimizer update on ``batch``; returns loss, KL, clip fraction, entropy, grad norm.
+        """``train.updates_per_step`` optimizer updates on ``batch``, each on an equal share of its
+        samples (one mini-batch, in order; fewer updates when there are fewer samples); returns loss, KL, clip fraction, entropy, grad norm
+        (means over the updates).
 
-        A non-finite gradient norm skips the update and sets ``train/skipped_nonfinite``."""
+        A non-finite gradient norm skips that update and counts in ``train/skipped_nonfinite``."""
         if not batch.samples:
             return {"train/skipped": 1.0}
         opd = self.score_teacher(batch)
-        mbs = micro_batches(batch.samples, self.cfg.train.micro_batch_size, self.pad_id)
-        total_tokens, n = batch.num_tokens, len(batch.samples)
+        n = len(batch.samples)
+        updates = min(self.cfg.train.updates_per_step, n)
+        cuts = [k * n // updates for k in range(updates + 1)]   # shares differ by at most one sample
+        outs = [self._update(batch.samples[a:b], progress) for a, b in zip(cuts, cuts[1:])]
+        out = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
+        out["train/skipped_nonfinite"] = sum(o["train/skipped_nonfinite"] for o in outs)
+        out["train/updates"] = float(len(outs))
+        out.update(opd)
+        return out
+
+    def _update(self, samples: list, progress: bool) -> dict[str, float]:
+        """One optimizer update on ``samples``, accumulated over micro-batches."""
+        mbs = micro_batches(samples, self.cfg.train.micro_batch_size, self.pad_id)
+        total_tokens, n = sum(len(s.response_ids) for s in samples), len(samples)
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for mb in tqdm(mbs, desc="training", leave=False, disable=not progress):
@@ -88,7 +102,6 @@ class Learner:
         out["train/skipped_nonfinite"] = 0.0 if finite else 1.0
         out["train/grad_norm"] = float(grad_norm)
         out["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        out.update(opd)
         return out
 
     def score_teacher(self, batch: Batch) -> dict[str, float]:
@@ -112,10 +125,12 @@ class Learner:
         return {"opd/teacher_gap_mean": float(sum(gaps) / len(gaps)), "opd/scored_samples": float(len(hinted))}
 
     def publish(self) -> None:
-        """Copy the trained weights into the serving model, between two generations."""
+        """Copy the trained weights into the serving model, between two generations (and bump
+        the policy's weights ``version``)."""
         with self.policy.lock, torch.no_grad():
             for dst, src in zip(self.policy.model.parameters(), self.model.parameters()):
                 dst.copy_(src)
+            self.policy.version = getattr(self.policy, "version", 0) + 1
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the optimizer state of a checkpoint (``state["optimizer"]``)."""

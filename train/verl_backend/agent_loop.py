@@ -35,15 +35,14 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agents.chat import ChatConfig
-from agents.policy import Generation, Policy
+from agents.policy import Generation, Policy, cut_at_stop, split_stops
 from agents.recorder import Recorder
 from agents.trajectory import Trajectory
 from envs.pool import EnvCache
 from train.advantage import states_before
 from train.batch import trainable
 from train.config import Config, config_from_dict
-from train.rollout import make_envs, make_judge, run_episode, single_role
+from train.rollout import chat_config, make_envs, make_judge, run_episode, single_role
 from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_SCORE, FIELD_STATE,
                                           FIELD_STEP, FIELD_VOTE_MEAN)
 from train.verl_backend import RUN_ENV
@@ -58,10 +57,11 @@ class ServerPolicy(Policy):
     The prompt ids are this tokenizer's chat template over the messages (the
     exact ids sent), the response ids and log-probs come back from the server.
     ``sampling`` holds veRL's sampling parameters; a call's ``temperature``,
-    ``top_p`` and ``max_tokens`` override them. Stop strings are not sent
-    (veRL's servers run without a detokenizer); the action parser reads the
-    first tool call anyway. One ``request_id`` per policy keeps an episode on
-    one server replica (prefix caching).
+    ``top_p`` and ``max_tokens`` override them, and its ``stop`` strings go to
+    the server as the local policy applies them (:func:`~agents.policy.split_stops`):
+    one-token stops as ``stop_token_ids`` (exact, no detokenizer needed), the
+    others as ``stop``; the text is cut after the first stop string. One
+    ``request_id`` per policy keeps an episode on one server replica (prefix caching).
     """
 
     def __init__(self, server: Any, tokenizer: Any, sampling: dict[str, Any],
@@ -83,18 +83,28 @@ class ServerPolicy(Policy):
     def count_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:
         return len(self.prompt_ids(messages, tools))
 
-    async def generate(self, messages: list[dict], tools: list[dict] | None = None, **sampling: Any) -> Generation:
-        prompt = self.prompt_ids(messages, tools)
+    def request(self, messages: list[dict], tools: list[dict] | None = None,
+                **sampling: Any) -> tuple[list[int], dict[str, Any], list[str]]:
+        """What :meth:`generate` sends: ``(prompt ids, sampling parameters, stop strings)``."""
         params = {**self.sampling, **{k: sampling[k] for k in ("temperature", "top_p", "max_tokens")
                                       if sampling.get(k) is not None}}
+        stop_ids, stop_strings = split_stops(self.tokenizer, sampling.get("stop"))
+        if stop_ids:
+            params["stop_token_ids"] = stop_ids
+        if stop_strings:
+            params["stop"] = stop_strings
+        return self.prompt_ids(messages, tools), params, stop_strings
+
+    async def generate(self, messages: list[dict], tools: list[dict] | None = None, **sampling: Any) -> Generation:
+        prompt, params, stop_strings = self.request(messages, tools, **sampling)
         out = await self.server.generate(request_id=self.request_id, prompt_ids=prompt, sampling_params=params)
         ids = list(out.token_ids)
         for key in ("min_global_steps", "max_global_steps"):
             if out.extra_fields.get(key) is not None:
                 self.weight_versions.append(int(out.extra_fields[key]))
-        ended = out.stop_reason != "aborted" and len(ids) < int(params.get("max_tokens") or math.inf)
-        return Generation(text=self.tokenizer.decode(ids, skip_special_tokens=True), prompt_ids=prompt,
-                          response_ids=ids, logprobs=list(out.log_probs or []),
+        text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stop_strings)
+        ended = out.stop_reason != "aborted" and (stopped or len(ids) < int(params.get("max_tokens") or math.inf))
+        return Generation(text=text, prompt_ids=prompt, response_ids=ids, logprobs=list(out.log_probs or []),
                           finish_reason="stop" if ended else "length", ids_from_server=True)
 
     async def complete(self, messages: list[dict], n: int = 1, temperature: float = 1.0,
@@ -208,9 +218,7 @@ class NextStateAgentLoop(AgentLoopBase):
         policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
         judge = res.judge(lambda: ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
                                                self.apply_chat_template_kwargs))
-        chat = ChatConfig(context_tokens=self.rollout_config.prompt_length + self.rollout_config.response_length,
-                          max_response_tokens=self.rollout_config.response_length,
-                          max_images=cfg.rollout.max_images, system_prompt=cfg.rollout.system_prompt)
+        chat = chat_config(cfg)     # the local path's prompt shape, budget and stop strings
         env = await res.envs.atake(res.executor)
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),

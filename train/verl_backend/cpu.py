@@ -2,11 +2,11 @@
 
 :class:`PlatformCPU` is registered with veRL 0.9.1's
 ``verl.plugin.platform.PlatformRegistry`` as ``cpu``: device ``cpu``, gloo
-process groups, no IPC, profiling and allocator calls as no-ops. veRL probes
-the registered platforms in order and takes the first available one; the CPU
-platform is registered last and calls itself available only when no CUDA,
-ROCm or Ascend device (nor ``nvidia-smi``) is present, so a GPU machine never
-selects it.
+process groups, no IPC, profiling and allocator calls as no-ops. It is used
+only when asked for by name, ``VERL_PLATFORM=cpu`` (which the launcher sets in
+every process of a CPU run): it never calls itself available to veRL's
+detection, so other veRL programs on the host, and a GPU cluster whose driver
+or head node has no accelerator, keep veRL's own choice.
 
 veRL's FSDP engines (``FSDPEngineWithLMHead``, ``FSDPEngineWithValueHead``)
 are registered in veRL's ``EngineRegistry`` for ``cuda`` and ``npu`` only;
@@ -123,7 +123,8 @@ class PlatformCPU(PlatformBase):
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
-        return not accelerator_present()
+        """Never detected: only ``VERL_PLATFORM=cpu`` selects this platform (see the module docstring)."""
+        return False
 
     def current_device(self) -> Any:
         """``"cpu"``: veRL passes this to ``Tensor.to`` and ``torch.device``."""

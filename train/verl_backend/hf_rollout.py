@@ -9,7 +9,9 @@ same three veRL's vLLM rollout has:
   takes prompt token ids and veRL's sampling parameters and returns a
   ``TokenOutput`` with the sampled ids and their log-probs
   (``log_softmax(logits / T)`` of each sampled token, the quantity veRL's
-  actor recomputes as ``old_log_prob``). Requests that arrive together are
+  actor recomputes as ``old_log_prob``), stopping at EOS, at ``stop_token_ids``
+  and after ``stop`` strings (found in the response only, as vLLM does, so the rows
+  run on to their limit and are cut after). Requests that arrive together are
   generated as one left-padded batch. ``update_weights`` loads a state dict.
   Sleep, wake-up and the KV-cache calls are no-ops: nothing is offloaded, so
   there is nothing to free or restore.
@@ -57,16 +59,18 @@ class _Request:
     def sampling_key(self) -> tuple:
         p = self.params
         return (float(p.get("temperature", 1.0) or 0.0), float(p.get("top_p", 1.0) or 1.0),
-                int(p.get("top_k", -1) or -1), float(p.get("repetition_penalty", 1.0) or 1.0))
+                int(p.get("top_k", -1) or -1), float(p.get("repetition_penalty", 1.0) or 1.0),
+                tuple(p.get("stop_token_ids") or ()), tuple(p.get("stop") or ()))
 
 
 class HFRolloutServer:
     """The model and a batching queue (a Ray actor; see the module docstring)."""
 
     def __init__(self, model_path: str, dtype: str = "float32", max_tokens: int = 512, seed: int = 0):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)   # for ``stop`` strings
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos = [i for i in eos if i is not None]
@@ -112,7 +116,8 @@ class HFRolloutServer:
                         req.future.set_result(out)
 
     def _generate(self, group: list[_Request]) -> list[TokenOutput]:
-        temperature, top_p, top_k, repetition_penalty = group[0].sampling_key
+        temperature, top_p, top_k, repetition_penalty, stop_ids, stop_strings = group[0].sampling_key
+        ends = [*self.eos, *stop_ids]
         limits = [int(r.params.get("max_tokens") or r.params.get("max_new_tokens") or self.max_tokens)
                   for r in group]
         width = max(len(r.prompt_ids) for r in group)
@@ -121,7 +126,7 @@ class HFRolloutServer:
         for i, r in enumerate(group):                          # left padding
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids):] = 1
-        kwargs: dict[str, Any] = dict(max_new_tokens=max(limits), eos_token_id=self.eos, pad_token_id=self.pad,
+        kwargs: dict[str, Any] = dict(max_new_tokens=max(limits), eos_token_id=ends, pad_token_id=self.pad,
                                       return_dict_in_generate=True, output_logits=True,
                                       do_sample=temperature > 0, repetition_penalty=repetition_penalty)
         if temperature > 0:
@@ -134,7 +139,10 @@ class HFRolloutServer:
         outputs = []
         for i, limit in enumerate(limits):
             row = response[i, :limit].tolist()
-            cut = next((j + 1 for j, t in enumerate(row) if t in self.eos), len(row))
+            cut = next((j + 1 for j, t in enumerate(row) if t in ends), len(row))
+            if stop_strings:     # up to the token that completes the first stop string in the response
+                cut = next((j + 1 for j in range(cut) if any(
+                    s in self.tokenizer.decode(row[:j + 1], skip_special_tokens=True) for s in stop_strings)), cut)
             outputs.append(TokenOutput(token_ids=row[:cut], log_probs=picked[i, :cut].tolist(),
                                        stop_reason="completed",
                                        extra_fields={"global_steps": self.global_steps}))

@@ -9,8 +9,9 @@ our whole config under a ``nextstate`` key for the agent loop and trainer.
 ``verl.overrides`` adds raw Hydra overrides last. It is checked with veRL's
 own ``validate_config`` and its config dataclasses before anything starts.
 
-Without an accelerator (``verl.device=auto`` on a CPU-only host, or
-``verl.device=cpu``) the run uses the ``cpu`` platform and the ``hf``
+Without an accelerator (``verl.device=auto`` on a CPU-only host that starts
+its own Ray cluster, or ``verl.device=cpu``) the run asks for the ``cpu``
+platform (``VERL_PLATFORM=cpu`` in every process; never detected) and the ``hf``
 rollout of the plugin (:mod:`~train.verl_backend.cpu`,
 :mod:`~train.verl_backend.hf_rollout`): one trainer process, float32 FSDP
 without torch.compile, gradient checkpointing or padding removal, one
@@ -25,6 +26,7 @@ agent loop looks the task up by id.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import sys
@@ -43,15 +45,21 @@ CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
 
 
 def on_cpu(cfg: Config) -> bool:
-    """Whether the run uses the CPU platform (``verl.device``; ``auto``: no accelerator visible)."""
+    """Whether the run asks for the CPU platform: ``verl.device=cpu``, or ``auto`` on a host with no
+    accelerator that starts its own Ray cluster (with ``RAY_ADDRESS`` set the run joins a cluster,
+    which ``auto`` takes for a GPU one: its head node need not have a GPU itself)."""
     if cfg.verl.device != "auto":
         return cfg.verl.device == "cpu"
     from train.verl_backend.cpu import accelerator_present
-    return not accelerator_present()
+    return not accelerator_present() and not os.environ.get("RAY_ADDRESS")
 
 
 def model_path(cfg: Config) -> str:
-    """What veRL loads: the model name, or for ``tiny`` the directory the run writes it to."""
+    """What veRL loads (and its reference model is): the run's warm start when ``sft.steps > 0``
+    (made or reused before veRL starts, as on the local backend), for ``tiny`` the directory the
+    run writes it to, else the model name."""
+    if cfg.sft.steps > 0:
+        return str(Path(cfg.run.output).resolve() / "warm_start")
     if cfg.model.name == "tiny":
         return str(Path(cfg.run.output).resolve() / "model")
     return cfg.model.name
@@ -135,7 +143,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"{actor}.use_kl_loss={str(t.kl_coef > 0).lower()}", f"{actor}.kl_loss_coef={t.kl_coef}",
         f"{actor}.kl_loss_type={t.kl_type}", f"{actor}.entropy_coeff={t.entropy_coef}",
         f"{actor}.loss_agg_mode={t.loss_agg_mode}", f"{actor}.ppo_epochs=1",
-        f"{actor}.ppo_mini_batch_size={v.mini_batch_size or r.tasks_per_step}",
+        f"{actor}.ppo_mini_batch_size={r.tasks_per_step}",   # the trainer mode sets it per step (updates_per_step)
         f"{actor}.ppo_micro_batch_size_per_gpu={v.micro_batch_size_per_gpu}",
         f"{actor}.fsdp_config.param_offload={str(v.param_offload).lower()}",
         f"{actor}.fsdp_config.optimizer_offload={str(v.param_offload).lower()}",
@@ -225,19 +233,17 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
         if not torch.cuda.is_available():
             raise ConfigError("verl.device=gpu but no GPU is visible; use verl.device=auto (cpu), "
                               "--backend local, or --dry-run")
+    env_vars = dict(config.ray_kwargs.ray_init.runtime_env.env_vars)
+    os.environ.update(env_vars)
+    check_plugin(cpu)
     output = Path(cfg.run.output).resolve()
-    if cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
+    if cfg.sft.steps > 0:
+        from train.sft import warm_start
+        warm_start(cfg, Path(model_path(cfg)))
+    elif cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
         from agents.tiny import save_tiny
         save_tiny(model_path(cfg), seed=cfg.run.seed)
     write_task_data(tasks, data_path(cfg), cfg.env.family)
-    env_vars = dict(config.ray_kwargs.ray_init.runtime_env.env_vars)
-    os.environ.update(env_vars)
-    try:
-        import train.verl_backend.plugin  # noqa: F401  (registers platform, rollout, agent loop, trainer here too)
-        from train.verl_backend.trainer import MODE  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(f"the verl backend needs veRL's agent-loop and TransferQueue stack ({e}); "
-                          "install the gpu extra") from None
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.utils.device import auto_set_device
@@ -258,6 +264,46 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     print(f"done: metrics {output / 'metrics.jsonl'}, rollouts {output / 'rollouts.jsonl'}, "
           f"plot {output / 'curves.png'}, checkpoints {output / 'checkpoints'}", file=sys.stderr)
     return 0
+
+
+def unregistered(cpu: bool) -> list[str]:
+    """What the plugin should have registered in veRL's registries and did not."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.plugin.platform import PlatformRegistry
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+
+    wanted = {"agent loop 'nextstate'": lambda: "nextstate" in _agent_loop_registry,
+              "trainer mode 'nextstate'": _trainer_registered}
+    if cpu:
+        wanted.update({"platform 'cpu'": lambda: PlatformRegistry.get("cpu") is not None,
+                       "rollout 'hf'": lambda: ("hf", "async") in _ROLLOUT_REGISTRY})
+    return [name for name, present in wanted.items() if not present()]
+
+
+def _trainer_registered() -> bool:
+    try:
+        from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    except ImportError:       # veRL without its TransferQueue trainer stack
+        return False
+    return "nextstate" in TRAINER_REGISTRY
+
+
+def check_plugin(cpu: bool) -> None:
+    """Load the plugin and check that veRL's registries hold what it registers.
+
+    veRL loads ``verl.plugins`` entry points at ``import verl`` and logs a failure at
+    debug level only, so a broken plugin would run stock veRL without a word; this
+    raises a one-line :class:`ConfigError` (exit 2) instead.
+    """
+    try:
+        importlib.import_module(PLUGIN_MODULE)
+    except Exception as e:  # noqa: BLE001 - any import failure is reported, in one line
+        raise ConfigError(f"the nextstate plugin for veRL ({PLUGIN_MODULE}) failed to load: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    missing = unregistered(cpu)
+    if missing:
+        raise ConfigError(f"the nextstate plugin did not register {', '.join(missing)} with veRL "
+                          "(the verl backend needs veRL's agent-loop and TransferQueue stack: install the gpu extra)")
 
 
 def run_processes(run_id: str) -> list[int]:

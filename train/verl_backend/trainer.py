@@ -19,6 +19,7 @@ advantages each actor update reads) to the run's output folder, and on the
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import ray
 import transfer_queue as tq
+from omegaconf import read_write
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
@@ -172,8 +174,20 @@ class NextStateTrainer(PPOTrainerSync):
                                            resume_step=global_steps - 1 if resumed else None)
         self._metrics_log.log(global_steps, local_metrics(metrics))
 
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        """veRL pads the batch to a multiple of this: ``updates_per_step`` mini-batches, each a
+        multiple of the data-parallel size and of ``rollout.n`` (see :meth:`_update_actor`)."""
+        return int(self.config.nextstate.train.updates_per_step) * math.lcm(
+            dp_size, int(self.config.actor_rollout_ref.rollout.n))
+
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """veRL's actor update, after logging the advantages it reads (``<output>/advantages.jsonl``)."""
+        """veRL's actor update, after logging the advantages it reads (``<output>/advantages.jsonl``).
+
+        veRL splits a step into mini-batches of ``ppo_mini_batch_size * rollout.n`` samples, one
+        optimizer update each; the agent loop gives one sample per *environment* step, so that
+        count varies. For this update the mini-batch is set to a ``train.updates_per_step``-th
+        of the (padded) batch: ``updates_per_step`` updates per training step, as on the local backend.
+        """
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                   select_fields=["uid", "advantages", "response_mask", "extra_fields"])
         ns = self.config.nextstate
@@ -188,7 +202,14 @@ class NextStateTrainer(PPOTrainerSync):
             path.write_text("".join(line + "\n" for line in kept))
         with path.open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-        return super()._update_actor(batch, metrics)
+        actor, n = self.config.actor_rollout_ref.actor, int(self.config.actor_rollout_ref.rollout.n)
+        configured = actor.ppo_mini_batch_size
+        with read_write(actor):
+            actor.ppo_mini_batch_size = max(1, math.ceil(len(batch) / (int(ns.train.updates_per_step) * n)))
+            try:
+                return super()._update_actor(batch, metrics)
+            finally:
+                actor.ppo_mini_batch_size = configured
 
     def _init_resource_pool_mgr(self) -> None:
         """veRL's pools and roles; on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""

@@ -1,0 +1,147 @@
+"""Sessions of an OpenAI-compatible client, as ``train.proxy`` sees them.
+
+A session is one agent's conversation: its main-line turns, each the messages
+the client sent, the answer the proxy generated (exact ids and log-probs) and,
+once the session's next main-line request arrives, the new messages after that
+answer: the turn's next state. Sessions are named by the client (OpenClaw's
+``X-Session-Id`` header or a ``session_id`` body key) or found by longest-prefix
+match for clients that name none: a request whose messages extend an earlier
+request's messages plus its answer continues that session.
+
+If the client sent back the answer changed (other text, other tool calls: a
+client that rewrote it, a different tokenization), the turn is marked
+``rewritten``: its next state followed an action the model did not take, so it
+is not trained on. A client that leaves the answer out and adds a message
+instead (mini-swe-agent's reply to a malformed action) marks it ``dropped``:
+that message is about the answer as generated, and it is its next state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.policy import Generation, content_text
+
+
+def canonical(message: dict[str, Any]) -> tuple:
+    """What identifies a message when matching: role, text, tool calls (name and parsed
+    arguments) and the tool call it answers; ids, names and other extras are ignored."""
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        calls.append((fn.get("name"), json.dumps(args, sort_keys=True)))
+    return message.get("role"), content_text(message.get("content")), tuple(calls)
+
+
+@dataclass
+class Turn:
+    """One main-line request and the answer the proxy generated."""
+
+    index: int
+    messages: list[dict]
+    generation: Generation
+    reply: dict                        # the assistant message sent to the client
+    temperature: float
+    next_messages: list[dict] | None = None
+    rewritten: bool = False            # sent back changed: not trained on
+    dropped: bool = False              # not sent back; the new messages answer it (trained on)
+    started: float = field(default_factory=time.time)
+
+    def continued_by(self, messages: list[dict]) -> bool:
+        """Whether ``messages`` start with this turn's messages and go on past them."""
+        n = len(self.messages)
+        return len(messages) > n and all(canonical(a) == canonical(b) for a, b in zip(messages, self.messages))
+
+
+@dataclass
+class Session:
+    """A conversation. ``group_id`` names it in ``rollouts.jsonl``; ``keyed``: named by the client."""
+
+    id: str
+    group_id: str
+    keyed: bool
+    instruction: str = ""
+    turns: int = 0
+    last: Turn | None = None           # the latest turn, while it waits for its next state
+    history: list[dict] = field(default_factory=list)   # earlier steps for the judge
+    done: bool = False
+    outcome: float | None = None
+    scores: list[float] = field(default_factory=list)
+
+
+class SessionTable:
+    """Finds the session of each main-line request and the next state it brings."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self._uses: dict[str, int] = {}
+
+    def _new(self, sid: str | None, messages: list[dict]) -> Session:
+        keyed = sid is not None
+        sid = sid or f"s-{uuid.uuid4().hex[:12]}"
+        uses = self._uses[sid] = self._uses.get(sid, 0) + 1
+        group = sid if uses == 1 else f"{sid}#{uses}"   # a name reused after its session ended
+        first_user = next((m for m in messages if m.get("role") == "user"), None)
+        session = Session(sid, group, keyed, content_text(first_user.get("content")) if first_user else "")
+        self.sessions[sid] = session
+        return session
+
+    def get(self, sid: str) -> Session | None:
+        return self.sessions.get(sid)
+
+    def match(self, messages: list[dict]) -> Session | None:
+        """The unnamed session whose waiting turn ``messages`` continue: the longest such turn;
+        among equals, one whose answer the messages repeat unchanged, then the oldest."""
+        best, best_key = None, None
+        for s in self.sessions.values():
+            if s.keyed or s.done or s.last is None or not s.last.continued_by(messages):
+                continue
+            n = len(s.last.messages)
+            key = (n, canonical(messages[n]) == canonical(s.last.reply), -s.last.started)
+            if best_key is None or key > best_key:
+                best, best_key = s, key
+        return best
+
+    def claim(self, messages: list[dict], sid: str | None) -> tuple[Session, Turn | None]:
+        """The session of a main-line request, and its previous turn if this request is that
+        turn's next state (``next_messages`` and ``rewritten`` are then set on it)."""
+        session = self.sessions.get(sid) if sid is not None else self.match(messages)
+        if session is None or session.done:
+            return self._new(sid, messages), None
+        prev, session.last = session.last, None
+        if prev is None:
+            return session, None
+        n = len(prev.messages)
+        if prev.continued_by(messages) and messages[n].get("role") != "assistant":
+            # the client left the answer out (mini-swe-agent does after a format error): what it
+            # added instead is the answer's next state
+            prev.next_messages, prev.dropped = messages[n:], True
+            return session, prev
+        if prev.continued_by(messages):
+            cut: int | None = n
+        else:   # a named session whose history changed: the next state follows its last answer
+            cut = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+        if cut is None:
+            prev.next_messages = []
+        else:
+            prev.next_messages = messages[cut + 1:]
+            prev.rewritten = canonical(messages[cut]) != canonical(prev.reply)
+        return session, prev
+
+    def add(self, session: Session, turn: Turn) -> None:
+        """``turn`` becomes the session's latest, waiting for its next state."""
+        session.turns += 1
+        session.last = turn
+
+    def open(self) -> list[Session]:
+        return [s for s in self.sessions.values() if not s.done]
