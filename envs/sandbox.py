@@ -387,11 +387,16 @@ class Sandbox(ABC):
         out_m, err_m = f"\n\x1e{nonce}:".encode(), f"\x1e{nonce}!".encode()
         body = command.encode()
         background = self._background_output(limit)
-        # `read -N` takes the command's exact bytes off the stream: no fork needed,
-        # so a sandbox whose pids are exhausted still answers.
+        # `read -N` takes the command's exact bytes off the stream: no fork needed, so a
+        # sandbox whose pids are exhausted still answers. `\builtin` passes by the agent's
+        # functions and aliases of the same names. The command runs with the agent's -x/-v
+        # (kept in __ns_x); the group after it turns them off with its own trace sent to
+        # /dev/null, so a `set -x` shows the command's lines, never the protocol's.
         line = (
-            f"IFS= LC_ALL=C read -r -d '' -N {len(body)} __ns_cmd; eval \"$__ns_cmd\" </dev/null; "
-            f"printf '\\n\\036{nonce}:%d\\036' $?; printf '\\036{nonce}!' >&2\n"
+            f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
+            f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
+            "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
+            f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
         ).encode() + body
         out, err = _Capped(limit, out_m, True), _Capped(limit, err_m, False)
         start = time.monotonic()
@@ -485,17 +490,27 @@ class Sandbox(ABC):
             raise SandboxError(f"sandbox {self.id}: {command.split()[0]} failed: {res.stderr[-500:]}")
         return res
 
+    @staticmethod
+    def _quoted(path: str) -> str:
+        """``path`` quoted for the shell; ``ValueError`` for one bash cannot hold (a NUL byte)."""
+        path = str(path)
+        problem = "a path cannot hold a NUL byte" if "\x00" in path else unsendable(path)
+        if problem:
+            raise ValueError(f"bad path {path[:200]!r}: {problem.replace('the command', 'it')}")
+        return shlex.quote(path)
+
     def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        """Create or replace ``path`` (relative paths are under the workdir)."""
+        """Create or replace ``path`` (relative paths are under the workdir); ``ValueError``
+        for a path holding a NUL byte."""
         raw = data.encode() if isinstance(data, str) else data
-        q = shlex.quote(path)
+        q = self._quoted(path)
         b64 = base64.b64encode(raw).decode()
         self._internal(f"mkdir -p \"$(dirname {q})\" && printf %s {b64} | base64 -d > {q} "
                        f"&& chmod {mode:o} {q}")
 
     def read_file(self, path: str) -> bytes:
         """Bytes of ``path``; raises ``FileNotFoundError`` when it does not exist."""
-        q = shlex.quote(path)
+        q = self._quoted(path)
         res = self._exchange(f"test -f {q} && base64 -w0 {q}", 120, None)
         if res.exit_code != 0:
             raise FileNotFoundError(f"{path} (in sandbox {self.id})")
@@ -503,6 +518,7 @@ class Sandbox(ABC):
 
     def copy_in(self, host_path: str | os.PathLike, sandbox_path: str) -> None:
         """Copy a host file or directory's contents into ``sandbox_path``."""
+        q = self._quoted(sandbox_path)
         buf = io.BytesIO()
         src = Path(host_path)
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -511,13 +527,12 @@ class Sandbox(ABC):
                     tar.add(child, arcname=child.name)
             else:
                 tar.add(src, arcname=src.name)
-        q = shlex.quote(sandbox_path)
         b64 = base64.b64encode(buf.getvalue()).decode()
         self._internal(f"mkdir -p {q} && printf %s {b64} | base64 -d | tar -xz --no-same-owner -C {q}")
 
     def copy_out(self, sandbox_path: str, host_path: str | os.PathLike) -> None:
         """Copy ``sandbox_path`` (a directory's contents, or a file) to the host."""
-        q = shlex.quote(sandbox_path)
+        q = self._quoted(sandbox_path)
         res = self._internal(
             f"if [ -d {q} ]; then tar -cz -C {q} . | base64 -w0; "
             f"else tar -cz -C \"$(dirname {q})\" \"$(basename {q})\" | base64 -w0; fi")

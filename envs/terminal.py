@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from envs import procedural
-from envs.actions import ToolCall, tool_schema
+from envs.actions import ActionError, ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 from envs.sandbox import CommandResult, Sandbox, SandboxError
 
@@ -558,6 +558,8 @@ class TerminalEnv(NextStateEnv):
         if call.name == "write_file":
             try:
                 self.sandbox.write_file(args["path"], args["content"])
+            except ValueError as e:   # a path bash cannot hold
+                raise ActionError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
             except SandboxError as e:
                 if not self.sandbox.is_alive():
                     raise
