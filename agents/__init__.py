@@ -1,7 +1,7 @@
 """Policies, their prompts and what an episode records (the loop that plays them is
 :mod:`train.rollout`, above the judges).
 
-* :mod:`agents.policy` -- ``Generation``, ``Policy``, ``make_policy``;
+* :mod:`agents.policy` -- ``Generation``, ``Policy``; :func:`make_policy` (here);
   backends :mod:`agents.openai_policy` and :mod:`agents.hf_policy`; the
   download-free ``tiny`` model in :mod:`agents.tiny`.
 * :mod:`agents.chat` -- system prompts, message building, context truncation.
@@ -9,7 +9,24 @@
 * :mod:`agents.testing` -- test doubles standing in for models and model servers.
 """
 
-from agents.policy import Generation, Policy, PolicyError, make_policy
+from typing import Any
+
+from agents.policy import Generation, Policy, PolicyError
 from agents.trajectory import Step, Trajectory
+
+def make_policy(spec: str, **kw: Any) -> Policy:
+    """A policy from a string.
+
+    ``"tiny"`` -> the tiny local model; ``http(s)://...`` -> an
+    :class:`~agents.openai_policy.OpenAIPolicy` on that server (``model=`` in
+    ``kw``, else the server's first model); anything else -> an
+    :class:`~agents.hf_policy.HFPolicy` on that local path or hub name.
+    """
+    if spec.startswith(("http://", "https://")):
+        from agents.openai_policy import OpenAIPolicy
+        return OpenAIPolicy(spec, **kw)
+    from agents.hf_policy import HFPolicy
+    return HFPolicy(spec, **kw)
+
 
 __all__ = ["Generation", "Policy", "PolicyError", "make_policy", "Step", "Trajectory"]

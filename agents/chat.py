@@ -25,6 +25,14 @@ TOOL_FORMAT = ('Call a tool by answering with <tool_call>{"name": <tool name>, "
                '<JSON object of arguments>}</tool_call>.')
 
 
+def action_text(action: Any) -> str:
+    """A scripted action as the model would write it (Hermes ``<tool_call>`` JSON)."""
+    if isinstance(action, str):
+        return action
+    return "<tool_call>" + json.dumps({"name": action["name"], "arguments": action.get("arguments", {})}) \
+        + "</tool_call>"
+
+
 @dataclass
 class ChatConfig:
     """Context budget and generation limits.

@@ -84,18 +84,3 @@ def content_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(p.get("text", "") if p.get("type") == "text" else "<image>" for p in content)
     return "" if content is None else str(content)
-
-
-def make_policy(spec: str, **kw: Any) -> Policy:
-    """A policy from a string.
-
-    ``"tiny"`` -> the tiny local model; ``http(s)://...`` -> an
-    :class:`~agents.openai_policy.OpenAIPolicy` on that server (``model=`` in
-    ``kw``, else the server's first model); anything else -> an
-    :class:`~agents.hf_policy.HFPolicy` on that local path or hub name.
-    """
-    if spec.startswith(("http://", "https://")):
-        from agents.openai_policy import OpenAIPolicy
-        return OpenAIPolicy(spec, **kw)
-    from agents.hf_policy import HFPolicy
-    return HFPolicy(spec, **kw)

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import ms_percentile, report
 from envs.gui import GUIEnv
-from envs.pool import SandboxPool
+from containers.pool import SandboxPool
 
 IMAGE = "nextstate/desktop:latest"
 TASK = "counter"

@@ -29,7 +29,7 @@ import containers
 from train.rollout import collect
 from agents.openai_policy import OpenAIPolicy
 from agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
-from envs.pool import SandboxPool
+from containers.pool import SandboxPool
 from envs.terminal import TerminalEnv, load_terminal_tasks
 from judges.prm import StepJudge
 

@@ -29,8 +29,8 @@ import docker
 
 from bench import ms_percentile, report
 import containers
-from envs.pool import SandboxPool
-from envs.sandbox import DockerSandbox, SandboxSpec
+from containers.pool import SandboxPool
+from containers.sandbox import DockerSandbox, SandboxSpec
 
 
 def ms(seconds: list[float], q: float) -> float:

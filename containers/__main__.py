@@ -1,15 +1,23 @@
-"""Command line: `python -m containers [--host URL] {build,build-swe,reap,list}`."""
+"""Command line: `python -m containers [--host URL] {build,reap,list,...}`.
+
+Packages above the runtime add subcommands through the ``nextstate.containers`` entry-point
+group (a function that takes the subparsers object): the SWE family adds ``build-swe``
+(:func:`envs.swe.images.add_command`), so this package never imports an env.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from importlib.metadata import entry_points
 
-from . import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect
 from .build import build_all, known_images
 from .disks import reap_disks
-from .reap import owner_alive, project_containers, reap
+from .engine import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive
+from .reap import project_containers, reap
+
+COMMANDS = "nextstate.containers"
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -21,32 +29,6 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"{built.tag}: {state} ({built.image_id[7:19]})", flush=True)
     print(f"done in {time.monotonic() - start:.1f}s")
     return 0
-
-
-def cmd_build_swe(args: argparse.Namespace) -> int:
-    """Builds SWE-bench instance images from dataset rows; exits 1 if any build failed."""
-    from envs.swe_instances import load_instances
-
-    from .swe_images import build_swe
-
-    rows = load_instances(args.tasks)
-    if args.ids:
-        wanted = set(args.ids.split(","))
-        unknown = sorted(wanted - {r["instance_id"] for r in rows})
-        if unknown:
-            raise ValueError(f"unknown instance ids in {args.tasks}: {', '.join(unknown)}")
-        rows = [r for r in rows if r["instance_id"] in wanted]
-    failed = 0
-    for built in build_swe(rows, client=connect(args.host), parallel=args.parallel, repo_source=args.repo_source,
-                           ca_bundle=args.ca_bundle, force=args.force):
-        if built.error:
-            failed += 1
-            print(f"{built.instance_id}: FAILED after {built.seconds:.0f}s: {built.error}", flush=True)
-        else:
-            state = "up to date" if built.cached else f"built in {built.seconds:.0f}s"
-            print(f"{built.image}: {state}, {built.size / 2**20:.0f} MiB", flush=True)
-    print(f"{len(rows) - failed}/{len(rows)} images ready")
-    return 1 if failed else 0
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
@@ -84,19 +66,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("names", nargs="*", metavar="NAME", help=f"images (default: all: {', '.join(known_images())})")
     b.add_argument("--force", action="store_true", help="rebuild even when up to date")
     b.set_defaults(func=cmd_build)
-    s = sub.add_parser("build-swe", help="build SWE-bench instance images from dataset rows "
-                       "(sweb.eval.x86_64.<instance_id>:latest)")
-    s.add_argument("--tasks", required=True, help="rows in SWE-bench's schema: .jsonl, .json or .parquet")
-    s.add_argument("--ids", help="comma-separated instance ids (default: every row)")
-    s.add_argument("--parallel", type=int, default=1, help="builds at once (default 1)")
-    s.add_argument("--repo-source", metavar="DIR_OR_MAP",
-                   help="local git repositories instead of cloning from GitHub: a directory holding "
-                   "owner+name/repo, owner+name, owner__name.git or owner/name, or a JSON file "
-                   "{\"owner/name\": path}")
-    s.add_argument("--ca-bundle", help="CA bundle pip and git trust inside the build (default: the host's, "
-                   "from PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE or Debian's)")
-    s.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    s.set_defaults(func=cmd_build_swe)
+    for command in entry_points(group=COMMANDS):   # subcommands that packages above the runtime add
+        command.load()(sub)
     r = sub.add_parser("reap", help="remove containers whose owner process is gone")
     r.add_argument("--all-hosts", action="store_true", help="also remove containers owned by other hosts")
     r.add_argument("--run-id", help="remove this run's containers, whether or not their owner lives")

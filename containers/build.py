@@ -33,7 +33,7 @@ from pathlib import Path
 import docker
 import yaml
 
-from . import connect
+from .engine import connect
 
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"

@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .reap import doomed
+from .engine import doomed
 
 log = logging.getLogger(__name__)
 

@@ -2,36 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import docker
 
-from . import HOST_LABEL, PID_LABEL, PROJECT, PROJECT_LABEL, RUN_LABEL, connect
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def owner_alive(labels: dict[str, str]) -> bool | None:
-    """True/False for a container owned on this host, None when owned elsewhere."""
-    if labels.get(HOST_LABEL) != socket.gethostname():
-        return None
-    try:
-        return pid_alive(int(labels.get(PID_LABEL, "")))
-    except ValueError:
-        return False
+from .disks import reap_disks
+from .engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
 
 
 def project_containers(client: docker.DockerClient, run_id: str | None = None, *,
@@ -45,16 +21,6 @@ def project_containers(client: docker.DockerClient, run_id: str | None = None, *
     if running:
         filters["status"] = "running"
     return client.api.containers(all=not running, filters=filters)
-
-
-def doomed(labels: dict[str, str], *, all_hosts: bool, run_id: str | None) -> bool:
-    """Whether `reap` should remove a container with these labels."""
-    alive = owner_alive(labels)
-    if alive is None and not all_hosts:
-        return False
-    if run_id is not None:
-        return labels.get(RUN_LABEL) == run_id
-    return alive is None or not alive
 
 
 def reap(
@@ -88,6 +54,5 @@ def reap(
             raise
         removed += 1
     if disks:
-        from .disks import reap_disks
         reap_disks(all_hosts=all_hosts, run_id=run_id)
     return removed

@@ -40,8 +40,8 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
-from envs.pool import PoolTimeout, SandboxPool
-from envs.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
+from containers.pool import PoolTimeout, SandboxPool
+from containers.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
 MAX_OBSERVATION_CHARS = 1 << 22
 INFRA_ERRORS = (SandboxError, PoolTimeout)
@@ -238,7 +238,7 @@ class NextStateEnv(gymnasium.Env):
         raise TypeError(f"{type(self).__name__} cannot load tasks from {source!r}")
 
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
-        """:class:`~envs.sandbox.SandboxSpec` fields this task needs (``image``, ``network``...).
+        """:class:`~containers.sandbox.SandboxSpec` fields this task needs (``image``, ``network``...).
 
         Empty (the default) means any sandbox of the shared pool will do.
         """

@@ -60,12 +60,9 @@ class EnvFamily:
         """The env class (imported on first use when given as ``"module:Class"``)."""
         return load_object(self.entry_point)
 
-    def check(self) -> Callable[..., Any]:
-        """The oracle check of ``python -m envs validate``."""
-        if self.validator is None:
-            from envs.validate import check_oracles
-            return check_oracles
-        return load_object(self.validator)
+    def check(self) -> Callable[..., Any] | None:
+        """The family's own oracle check for ``python -m envs validate`` (None: the default one)."""
+        return None if self.validator is None else load_object(self.validator)
 
 
 _FAMILIES: dict[str, EnvFamily] = {}

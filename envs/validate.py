@@ -36,7 +36,7 @@ def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:
     if family not in registry.names():
         raise ValueError(f"no validator for {family!r}; known: {', '.join(registry.names())}")
     record = registry.spec(family)
-    return record.env_class(), record.check()
+    return record.env_class(), record.check() or check_oracles
 
 
 def validate(family: str, tasks: Any = None, *, parallel: int = 4, backend: str = "auto",

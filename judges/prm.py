@@ -31,7 +31,8 @@ from typing import Any, Mapping
 import yaml
 
 from agents.chat import clip, multimodal
-from agents.policy import Policy, content_text, make_policy
+from agents import make_policy
+from agents.policy import Policy, content_text
 from envs import registry
 from envs.base import Observation
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from envs.pool import docker_available
+from containers.pool import docker_available
 
 # Task directories under fixtures/ hold their own test_outputs.py files: task data, not tests.
 collect_ignore = ["fixtures"]

@@ -24,7 +24,7 @@ import pytest
 import containers
 from containers import disks
 from envs.pool import SandboxPool
-from envs.sandbox import DockerSandbox, SandboxSpec
+from containers.sandbox import DockerSandbox, SandboxSpec
 
 pytestmark = pytest.mark.docker
 LIMIT = 64 * 2 ** 20
@@ -115,7 +115,7 @@ def test_without_loop_devices_one_warning_and_the_watchdog(docker_client, termin
     monkeypatch.setattr(disks.os, "geteuid", lambda: 1000)
     boxes = []
     try:
-        with caplog.at_level(logging.WARNING, logger="envs.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="containers.sandbox"):
             for _ in range(2):
                 boxes.append(DockerSandbox(SandboxSpec(image=terminal_image, disk="64m"), docker_client,
                                            containers.owner_labels("pytest-disk")))

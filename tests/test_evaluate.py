@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe_instances import BUILTIN, load_instances
+from envs.swe.instances import BUILTIN, load_instances
 from envs import env_class
 from train.evaluate import evaluate, main, summarize
 

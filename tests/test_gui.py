@@ -12,7 +12,7 @@ from PIL import Image
 from envs.actions import ActionError
 from envs.base import Task, play
 from envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
-from envs.osworld import TaskUnsupported, load_tasks
+from envs.gui.osworld import TaskUnsupported, load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 OSWORLD = REPO.parent / "shared" / "data" / "osworld"  # optional extra coverage
@@ -91,7 +91,7 @@ def pool(docker_client):
 @pytest.mark.docker
 def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
     """The start script gives up (here: an Xvfb that exits) -> DesktopError with the log, not a wait to the timeout."""
-    from envs.osworld import DesktopClient, DesktopError
+    from envs.gui.desktop import DesktopClient, DesktopError
     from envs.pool import SandboxPool
     fresh = SandboxPool(DESKTOP_IMAGE, size=1, warm=False, memory="2g", pids_limit=1024)
     try:

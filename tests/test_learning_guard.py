@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from envs import procedural
+from envs.terminal import procedural
 from judges.rules import RuleJudge, rule_vote
 from judges.prm import JudgeRequest
 

@@ -16,7 +16,7 @@ from agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
 from agents.trajectory import Trajectory
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from envs.sandbox import SandboxError
+from containers.sandbox import SandboxError
 from judges.prm import StepJudge
 
 

@@ -111,7 +111,7 @@ def _toolcall(image: str) -> tuple[Any, Task, list[str], str]:
 def _swe(image: str) -> tuple[Any, Task, list[str], str]:
     import containers
     from envs.swe import SWEEnv
-    from envs.swe_instances import OFFLINE_IMAGE
+    from envs.swe.instances import OFFLINE_IMAGE
     containers.ensure_image("swe")
     env = SWEEnv(pool=SandboxPool(OFFLINE_IMAGE, size=1), grade_timeout=120)
     return env, env.tasks[0], [call("bash", command="echo step-output-$((6*7))"), call("submit")], "step-output-42"

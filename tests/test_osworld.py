@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import osworld, osworld_eval
-from envs.osworld import is_local_url, load_tasks, program_names, substitute, support_report, unsupported
+from envs.gui import osworld
+from envs.gui.osworld import is_local_url, load_tasks, program_names, substitute, support_report, unsupported
 
 REPO = Path(__file__).resolve().parents[1]
 OSWORLD = REPO.parent / "shared" / "data" / "osworld"

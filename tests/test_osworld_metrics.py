@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from envs import osworld_eval as ev
+from envs.gui import metrics as ev
+from envs.gui.osworld import evaluate
 
 M = ev.METRICS
 
@@ -197,14 +198,14 @@ def test_infeasible_and_the_conjunction():
     """desktop_env.py DesktopEnv.evaluate: infeasible scores FAIL; a feasible task that ends in
     FAIL scores 0; "and" stops at the first 0, "or" at the first 1, else mean / max."""
     task = {"evaluator": {"func": "infeasible"}}
-    assert ev.evaluate(task, None, (1280, 720), "FAIL")[0] == 1.0  # type: ignore[arg-type]
-    assert ev.evaluate(task, None, (1280, 720), "DONE")[0] == 0.0  # type: ignore[arg-type]
+    assert evaluate(task, None, (1280, 720), "FAIL")[0] == 1.0  # type: ignore[arg-type]
+    assert evaluate(task, None, (1280, 720), "DONE")[0] == 0.0  # type: ignore[arg-type]
     rule = lambda v: {"type": "rule", "rules": v}  # noqa: E731
     both = {"func": ["exact_match", "exact_match"], "result": [rule(1), rule(2)],
             "expected": [rule({"expected": 1}), rule({"expected": 1})]}
-    assert ev.evaluate({"evaluator": both}, None, (1, 1), "DONE")[0] == 0.0  # type: ignore[arg-type]
-    assert ev.evaluate({"evaluator": {**both, "conj": "or"}}, None, (1, 1), "DONE")[0] == 1.0  # type: ignore[arg-type]
-    assert ev.evaluate({"evaluator": both}, None, (1, 1), "FAIL")[0] == 0.0  # type: ignore[arg-type]
+    assert evaluate({"evaluator": both}, None, (1, 1), "DONE")[0] == 0.0  # type: ignore[arg-type]
+    assert evaluate({"evaluator": {**both, "conj": "or"}}, None, (1, 1), "DONE")[0] == 1.0  # type: ignore[arg-type]
+    assert evaluate({"evaluator": both}, None, (1, 1), "FAIL")[0] == 0.0  # type: ignore[arg-type]
 
 
 def test_address_bar_text_as_osworld_reads_the_url():

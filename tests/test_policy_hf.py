@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agents.hf_policy import HFPolicy
-from agents.policy import make_policy
+from agents import make_policy
 from agents.tiny import HERE, build_files, load_tiny, save_tiny
 
 MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Say hi."}]

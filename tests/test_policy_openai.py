@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from agents.openai_policy import OpenAIPolicy, parse_choice
-from agents.policy import PolicyError, make_policy
+from agents import make_policy
+from agents.policy import PolicyError
 from agents.testing import Reply, ScriptedOpenAIServer
 from envs.actions import parse_action
 

@@ -16,7 +16,7 @@ import pytest
 
 import containers
 from envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
-from envs.sandbox import SandboxError
+from containers.sandbox import SandboxError
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]
@@ -236,7 +236,7 @@ def test_a_forced_exit_waits_for_every_start_it_began(terminal_image, docker_cli
     start past the 5 s the exit path used to wait (a stand-in for a loaded engine)."""
     import threading
 
-    from envs import pool as pool_module
+    from containers import pool as pool_module
 
     began = threading.Event()
     real = SandboxPool._new_sandbox

@@ -51,7 +51,7 @@ def test_the_built_in_families_are_registered_in_one_place():
     assert registry.names()[:4] == ["terminal", "toolcall", "swe", "gui"]   # (tests may add more)
     from envs.terminal import TerminalEnv
     assert registry.spec("terminal").env_class() is TerminalEnv
-    assert gymnasium.spec("nextstate/Terminal-v0").entry_point == "envs.terminal:TerminalEnv"
+    assert gymnasium.spec("nextstate/Terminal-v0").entry_point == "envs.terminal.env:TerminalEnv"
     assert "Linux terminal" in system_prompt("terminal", [])
     with pytest.raises(ValueError, match="unknown env 'nope'; known: terminal, toolcall, swe, gui"):
         registry.spec("nope")

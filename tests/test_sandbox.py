@@ -8,7 +8,7 @@ import time
 import pytest
 
 import containers
-from envs.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
+from containers.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docke
 
 
 def test_end_marker_found_after_any_flood():
-    from envs.sandbox import _Capped
+    from containers.sandbox import _Capped
     c = _Capped(16, b"\n\x1eabc:", True)
     c.feed(b"x" * 100_000 + b"\n\x1eab")
     c.feed(b"c:7\x1e" + b"y" * 100_000)   # the marker split across chunks, then a flood

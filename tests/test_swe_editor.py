@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import envs.swe_editor as editor
+import envs.swe.editor as editor
 
 SOURCE = Path(editor.__file__).read_text()
 

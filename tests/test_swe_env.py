@@ -12,8 +12,8 @@ from gymnasium.utils.env_checker import check_env
 import containers
 from envs.pool import SandboxPool
 from envs.swe import SWEEnv, check_swe
-from envs.swe_grading import grade
-from envs.swe_instances import OFFLINE_IMAGE, InstanceError, listed_tests, load_instances
+from envs.swe.grading import grade
+from envs.swe.instances import OFFLINE_IMAGE, InstanceError, listed_tests, load_instances
 
 pytestmark = pytest.mark.docker
 INSTANCES = {i["instance_id"]: i for i in load_instances()}
@@ -175,8 +175,8 @@ def test_build_swe_from_a_plain_row_then_gold_resolves_and_noop_does_not(client,
     import importlib.util
     from pathlib import Path
 
-    from containers.swe_images import build_swe
-    from envs.swe_specs import specs
+    from envs.swe.images import build_swe
+    from envs.swe.specs import specs
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("make_repos", root / "containers/swe/make_repos.py")

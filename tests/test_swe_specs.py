@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from containers.swe_images import (CONDA_STANDIN, ca_bundle_path, repo_path, requirements, setup_env_script,
+from envs.swe.images import (CONDA_STANDIN, ca_bundle_path, repo_path, requirements, setup_env_script,
                                    setup_repo_script, write_context)
 from envs.swe import instance_task
 from envs.swe import test_command as eval_test_command
-from envs.swe_grading import log_report
-from envs.swe_instances import load_instances, make_test_spec
-from envs.swe_specs import SpecError, check_row, complete_row, modified_files, spec_of, specs
+from envs.swe.grading import log_report
+from envs.swe.instances import load_instances, make_test_spec
+from envs.swe.specs import SpecError, check_row, complete_row, modified_files, spec_of, specs
 from train.evaluate import failure, model_name
 
 TEST_PATCH = """\

@@ -16,7 +16,7 @@ import pytest
 from containers.build import base_images, build_image, resolve_from
 from envs.__main__ import main
 from envs.base import play
-from envs.sandbox import SandboxConfigError
+from containers.sandbox import SandboxConfigError
 from envs.terminal import (BUILTIN_TASKS, TerminalEnv, harbor_outcome, load_terminal_tasks,
                            parse_pytest_summary)
 from envs.validate import validate

@@ -80,7 +80,7 @@ class Interrupt:
 
     def exit_now(self, after: float = 0.0) -> None:
         time.sleep(after)
-        pool = sys.modules.get("envs.pool")
+        pool = sys.modules.get("containers.pool")
         if pool is not None:
             pool.reap_live_pools()
         self.report()

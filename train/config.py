@@ -292,7 +292,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
 
 
 def _size_ok(size: str | None) -> bool:
-    from envs.sandbox import parse_size
+    from containers.sandbox import parse_size
     try:
         return size is None or parse_size(size) > 0
     except ValueError:

@@ -158,7 +158,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
              env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs the evaluation and writes its files; returns the report.
 
-    ``policy``: ``"gold"``, ``"noop"``, a :func:`~agents.policy.make_policy` string
+    ``policy``: ``"gold"``, ``"noop"``, a :func:`~agents.make_policy` string
     or a :class:`~agents.policy.Policy`. ``ids`` restricts the run to these task ids.
     """
     env_cls = env_class(family)
@@ -189,7 +189,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
             rows = run_oracle(factory, loaded, policy, parallel)
         else:
             if isinstance(policy, str):
-                from agents.policy import make_policy
+                from agents import make_policy
                 policy = make_policy(policy, **({"model": model} if model else {}))
             rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl")
     finally:

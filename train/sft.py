@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from agents.chat import ChatConfig, Turn, build_messages, prompt_head
+from agents.chat import ChatConfig, Turn, action_text, build_messages, prompt_head
 from envs import env_class
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,6 @@ class Example:
     @property
     def with_tools(self) -> bool:
         return bool(self.messages) and self.messages[0].get("role") == "system"
-
-
-def action_text(action: Any) -> str:
-    """A scripted action as the model would write it (Hermes ``<tool_call>`` JSON)."""
-    if isinstance(action, str):
-        return action
-    return "<tool_call>" + json.dumps({"name": action["name"], "arguments": action.get("arguments", {})}) \
-        + "</tool_call>"
 
 
 def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0) -> list[Example]:
@@ -96,10 +88,10 @@ def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: s
     """Play ``task``'s reference actions on ``env``; its steps when the check passed, else [].
 
     ``source="hasty"`` (procedural tasks only) plays a behaviour policy instead that
-    reads the note half of the time (:func:`envs.procedural.hasty_actions`); its valid
+    reads the note half of the time (:func:`envs.terminal.procedural.hasty_actions`); its valid
     steps are kept whether the check passed or not, so a model trained on them learns the
     format and the mapping but not to always read first."""
-    from envs import procedural
+    from envs.terminal import procedural
 
     if source == "hasty":
         if not task.data.get("choices"):

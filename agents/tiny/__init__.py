@@ -55,9 +55,9 @@ def _corpus() -> list[str]:
     """The text the tokenizer's merges are learned from: what this project puts in front of a
     model (system prompts and tool lines of every family, judge templates, task instructions,
     shell commands and their results). Deterministic: built from the repository's own files."""
-    from agents.chat import TOOL_FORMAT, system_prompt
-    from envs import env_class, procedural
-    from train.sft import action_text
+    from agents.chat import TOOL_FORMAT, action_text, system_prompt
+    from envs import env_class
+    from envs.terminal import procedural
 
     texts = [TOOL_FORMAT, "Available tools (name and argument names), one per line:"]
     for family in BUILT_IN_FAMILIES:   # not registry.names(): users and tests register more
@@ -72,9 +72,9 @@ def _corpus() -> list[str]:
     root = HERE.parent.parent
     for path in sorted((root / "judges" / "templates").glob("*.yaml")):
         texts.append(path.read_text())
-    for path in sorted((root / "envs" / "tasks").glob("*/*/task.yaml")):
+    for path in sorted((root / "envs").glob("*/tasks/*/task.yaml")):
         texts.append(path.read_text())
-    for path in sorted((root / "envs" / "tasks").glob("*/*/solution.sh")):
+    for path in sorted((root / "envs").glob("*/tasks/*/solution.sh")):
         texts.append(path.read_text())
     for seed in range(64):  # the CPU demo's tasks, as often as a short run shows them
         task = procedural.instance(seed)

@@ -10,3 +10,5 @@
   imports to register both;
 * :mod:`~train.verl_backend.launch` -- Hydra config, task data, Ray launch.
 """
+
+RUN_ENV = "NEXTSTATE_RUN_ID"   # the run id the launcher hands its workers: it labels the run's sandboxes

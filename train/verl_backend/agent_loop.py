@@ -46,7 +46,7 @@ from train.config import Config, config_from_dict
 from train.rollout import make_envs, make_judge, run_episode, single_role
 from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_SCORE, FIELD_STATE,
                                           FIELD_STEP, FIELD_VOTE_MEAN)
-from train.verl_backend.launch import RUN_ENV
+from train.verl_backend import RUN_ENV
 
 log = logging.getLogger(__name__)
 AGENT_NAME = "nextstate"

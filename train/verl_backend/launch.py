@@ -35,9 +35,9 @@ from typing import Any
 
 from train.config import Config, ConfigError
 from train.rollout import load_tasks
+from train.verl_backend import RUN_ENV
 
 PLUGIN_MODULE = "train.verl_backend.plugin"
-RUN_ENV = "NEXTSTATE_RUN_ID"                  # labels the run's sandboxes, so launch can remove them
 CPU_RAY_LOGICAL_CPUS = 16                     # Ray's logical CPU count: placement only, not cores
 CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
 

@@ -4,10 +4,10 @@ An OSWorld evaluator names a metric (``func``) and getters for the ``result``
 (the state the agent left) and the ``expected`` value; several of each are
 combined with ``conj`` ("and": every metric must pass, "or": one suffices).
 :func:`evaluate` runs ``postconfig``, the getters and the metrics, with the
-semantics of OSWorld's own evaluator, over a :class:`~envs.osworld.DesktopClient`.
+semantics of OSWorld's own evaluator, over a :class:`~envs.gui.desktop.DesktopClient`.
 
 Only what this desktop can honour is here (see :data:`GETTERS` and
-:data:`METRICS`); :func:`envs.osworld.unsupported` marks every other task
+:data:`METRICS`); :func:`envs.gui.osworld.unsupported` marks every other task
 skipped. Chrome getters read the profile files (``Preferences``, ``Local
 State``, ``Bookmarks``) in ``~/.config/google-chrome`` and the open tabs over
 CDP: the active tab is the one whose page is visible (OSWorld reads the
@@ -20,12 +20,11 @@ import itertools
 import json
 import operator
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse, urlunparse
 
-from envs.osworld import HOME, DesktopClient, run_config
+from envs.gui.desktop import HOME, DesktopClient
 
 PROFILE = f"{HOME}/.config/google-chrome"
 # Getters whose value lives on the internet: tasks using them are skipped.
@@ -469,50 +468,3 @@ METRICS: dict[str, Callable[..., float]] = {fn.__name__: fn for fn in (
     is_expected_url_pattern_match, is_expected_active_tab, is_expected_active_tab_approximate,
     is_expected_tabs, is_expected_bookmarks, check_enabled_experiments, check_font_size,
     compare_text_file, file_contains, check_json, check_direct_json_object, infeasible)}
-
-
-# ---- the evaluator -----------------------------------------------------------------------
-
-
-def evaluate(task: dict[str, Any], client: DesktopClient, size: tuple[int, int],
-             last_action: str | None) -> tuple[float, dict[str, Any]]:
-    """The task's score in [0, 1] and what it was computed from.
-
-    ``last_action`` is the agent's final action kind (``"FAIL"``, ``"DONE"``,
-    ...): an infeasible task scores 1 exactly when the agent gave up with
-    FAIL, and a feasible one scores 0 when it did.
-    """
-    ev = task["evaluator"]
-    funcs = ev["func"] if isinstance(ev["func"], list) else [ev["func"]]
-    if funcs == ["infeasible"]:
-        return float(last_action == "FAIL"), {"metric": "infeasible", "last_action": last_action}
-    if last_action == "FAIL":
-        return 0.0, {"reason": "the agent declared a feasible task infeasible (FAIL)"}
-    notes = run_config(client, ev.get("postconfig") or [], size)
-    as_list = lambda v: v if isinstance(v, list) else [v] * len(funcs)  # noqa: E731
-    results, expecteds = as_list(ev.get("result")), as_list(ev.get("expected"))
-    options = as_list(ev.get("options") or {})
-    conj = ev.get("conj", "and")
-    scores, details = [], []
-    with tempfile.TemporaryDirectory(prefix="nextstate-osworld-") as tmp:
-        ctx = Ctx(client, Path(tmp))
-        for func, res_cfg, exp_cfg, opts in zip(funcs, results, expecteds, options):
-            result = GETTERS[res_cfg["type"]](ctx, res_cfg) if res_cfg else None
-            args = [result]
-            if exp_cfg:
-                args.append(GETTERS[exp_cfg["type"]](ctx, exp_cfg))
-            score = float(METRICS[func](*args, **(opts or {})))
-            scores.append(score)
-            details.append({"metric": func, "result": _short(result), "score": score})
-            if (conj == "and" and score == 0) or (conj == "or" and score == 1):
-                break
-    if conj == "or":
-        total = max(scores)
-    else:
-        total = 0.0 if len(scores) < len(funcs) or 0 in scores else sum(scores) / len(scores)
-    return total, {"metrics": details, "conj": conj, "postconfig_notes": notes}
-
-
-def _short(value: Any) -> Any:
-    text = json.dumps(value, default=str)
-    return value if len(text) <= 300 else text[:300] + "..."

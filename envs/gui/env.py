@@ -32,9 +32,9 @@ infeasible (right only for OSWorld's infeasible tasks).
 ``info["next_state"]`` carries ``screenshot_before``/``screenshot_after``
 (PNG bytes; the rollout recorder saves them as PNG files) and the code that ran.
 
-Tasks: ``"builtin"`` (default; the web tasks in ``envs/tasks/gui/``, each
+Tasks: ``"builtin"`` (default; the web tasks in ``envs/gui/tasks/``, each
 with a JavaScript check and a scripted solution), ``"osworld:DIR"`` (OSWorld
-task JSON, see :mod:`envs.osworld`), or :class:`~envs.base.Task` objects.
+task JSON, see :mod:`envs.gui.osworld`), or :class:`~envs.base.Task` objects.
 Desktops (``desktop=``): ``"container"`` (the ``nextstate/desktop`` image) or
 ``"osworld"`` (OSWorld's own ``desktop_env.DesktopEnv`` with its VM providers,
 if installed). :meth:`GUIEnv.solve` is the oracle: the scripted solution of a
@@ -55,13 +55,13 @@ import gymnasium
 import numpy as np
 from PIL import Image
 
-from envs import osworld, osworld_eval
+from containers.sandbox import Sandbox
 from envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_schema
-from envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, ToolResult
-from envs.osworld import DesktopClient, DesktopError, TaskUnsupported
-from envs.sandbox import Sandbox
+from envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, TaskUnsupported, ToolResult
+from envs.gui import osworld
+from envs.gui.desktop import DesktopClient, DesktopError
 
-TASKS_DIR = Path(__file__).parent / "tasks" / "gui"
+TASKS_DIR = Path(__file__).parent / "tasks"
 WEB_ROOT = "/home/agent/web"
 POINTER_ACTIONS = ("MOVE_TO", "CLICK", "MOUSE_DOWN", "MOUSE_UP", "RIGHT_CLICK", "DOUBLE_CLICK",
                    "DRAG_TO", "SCROLL")
@@ -272,7 +272,7 @@ class ContainerDesktop:
                 return 0.0, {"check": False, "error": str(e)}
             return float(ok is True), {"check": ok}
         try:
-            score, details = osworld_eval.evaluate(task.data["osworld"], self.client, self.size,
+            score, details = osworld.evaluate(task.data["osworld"], self.client, self.size,
                                                            last_action)
         except (DesktopError, KeyError, TypeError, ValueError, OSError) as e:
             return 0.0, {"error": f"{type(e).__name__}: {e}", "setup_notes": self.notes}

@@ -1,11 +1,11 @@
 """SWE tasks: resolve a repository's issue with a shell and a file editor, graded like SWE-bench.
 
 Each episode gets the instance's repository at its base commit in
-``/testbed`` (see :mod:`envs.swe_instances`). The tools are ``bash`` (a
-persistent shell), ``str_replace_editor`` (:mod:`envs.swe_editor`, run inside
+``/testbed`` (see :mod:`envs.swe.instances`). The tools are ``bash`` (a
+persistent shell), ``str_replace_editor`` (:mod:`envs.swe.editor`, run inside
 the sandbox) and ``submit``. At submit or truncation the episode's patch is
 ``git diff`` of ``/testbed`` (untracked files included) against the base
-commit, and :func:`envs.swe_grading.grade` grades it in a fresh container:
+commit, and :func:`envs.swe.grading.grade` grades it in a fresh container:
 +1 when resolved, -1 otherwise (an empty patch is not graded). The per-test
 report goes into ``info["outcome"]``.
 """
@@ -20,14 +20,14 @@ from typing import Any
 
 from envs.actions import ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from envs.sandbox import SandboxError
-from envs.swe_grading import Grade, grade, summary
-from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME
-from envs.swe_instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
+from containers.sandbox import SandboxError
+from envs.swe.grading import Grade, grade, summary
+from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME
+from envs.swe.instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
                                 harness_image, is_offline, load_instances, sandbox_user)
 from envs.validate import check_oracles
 
-EDITOR_SOURCE = Path(__file__).with_name("swe_editor.py").read_text()
+EDITOR_SOURCE = Path(__file__).with_name("editor.py").read_text()
 EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
 DIFF_FILE = "/tmp/nextstate-model.patch"
 MAX_PATCH_BYTES = 5 << 20

@@ -6,7 +6,7 @@ name) is built in SWE-bench's layers: a Python of the spec's version, the
 requirements and pins, then the repository in ``/testbed`` at ``base_commit``
 (newer tags, the remote and the reflog removed), installed, and committed so
 that ``git diff`` shows only later changes. The specs and scripts come from
-:mod:`envs.swe_specs`.
+:mod:`envs.swe.specs`.
 
 * **Base.** Where a registry answers: ``python:<version>-bookworm``. Where
   none does: a Debian rootfs made by mmdebstrap/debootstrap from the Debian
@@ -32,6 +32,7 @@ Images carry a hash of their build inputs and are not rebuilt while it matches.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -49,10 +50,12 @@ from typing import Any
 
 import docker
 
-from envs.swe_specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
+from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
 
-from .build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
-                    rootfs_image)
+from containers import connect
+from containers.build import (HASH_LABEL, Progress, docker_build, finish, image_info, image_label, is_offline,
+                              rootfs_image)
+from envs.swe.instances import load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
@@ -305,3 +308,42 @@ def build_swe(rows: list[dict[str, Any]], *, client: docker.DockerClient, parall
 
     with ThreadPoolExecutor(max(1, parallel)) as pool:
         yield from pool.map(one, rows)
+
+
+def add_command(subparsers: Any) -> None:
+    """Adds ``build-swe`` to ``python -m containers`` (its ``nextstate.containers`` entry point)."""
+    s = subparsers.add_parser("build-swe", help="build SWE-bench instance images from dataset rows "
+                              "(sweb.eval.x86_64.<instance_id>:latest)")
+    s.add_argument("--tasks", required=True, help="rows in SWE-bench's schema: .jsonl, .json or .parquet")
+    s.add_argument("--ids", help="comma-separated instance ids (default: every row)")
+    s.add_argument("--parallel", type=int, default=1, help="builds at once (default 1)")
+    s.add_argument("--repo-source", metavar="DIR_OR_MAP",
+                   help="local git repositories instead of cloning from GitHub: a directory holding "
+                   "owner+name/repo, owner+name, owner__name.git or owner/name, or a JSON file "
+                   "{\"owner/name\": path}")
+    s.add_argument("--ca-bundle", help="CA bundle pip and git trust inside the build (default: the host's, "
+                   "from PIP_CERT, REQUESTS_CA_BUNDLE, SSL_CERT_FILE or Debian's)")
+    s.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    s.set_defaults(func=_cmd_build_swe)
+
+
+def _cmd_build_swe(args: argparse.Namespace) -> int:
+    """Builds SWE-bench instance images from dataset rows; exits 1 if any build failed."""
+    rows = load_instances(args.tasks)
+    if args.ids:
+        wanted = set(args.ids.split(","))
+        unknown = sorted(wanted - {r["instance_id"] for r in rows})
+        if unknown:
+            raise ValueError(f"unknown instance ids in {args.tasks}: {', '.join(unknown)}")
+        rows = [r for r in rows if r["instance_id"] in wanted]
+    failed = 0
+    for built in build_swe(rows, client=connect(args.host), parallel=args.parallel, repo_source=args.repo_source,
+                           ca_bundle=args.ca_bundle, force=args.force):
+        if built.error:
+            failed += 1
+            print(f"{built.instance_id}: FAILED after {built.seconds:.0f}s: {built.error}", flush=True)
+        else:
+            state = "up to date" if built.cached else f"built in {built.seconds:.0f}s"
+            print(f"{built.image}: {state}, {built.size / 2**20:.0f} MiB", flush=True)
+    print(f"{len(rows) - failed}/{len(rows)} images ready")
+    return 1 if failed else 0

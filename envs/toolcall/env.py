@@ -25,7 +25,7 @@ from envs.actions import NoToolCall, ToolCall, parse_action, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 
 log = logging.getLogger(__name__)
-BUILTIN_TASKS = Path(__file__).parent / "tasks" / "math"
+BUILTIN_TASKS = Path(__file__).parent / "tasks"
 GUIDE = ("Use the `python` tool to compute (each call runs a fresh python3 process; print what you "
          "need). When you are sure, call `answer` with the final answer in \\boxed{}.")
 _ANSWER_ARG = {"type": ["string", "number"], "description": "The final answer, e.g. \\boxed{42}."}

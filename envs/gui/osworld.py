@@ -1,9 +1,5 @@
-"""OSWorld tasks on the desktop container: the controller client, the task loader and the setup steps.
+"""OSWorld tasks on the desktop container: the task loader, the setup steps and the evaluator.
 
-* :class:`DesktopClient` talks to the container's controller
-  (``containers/desktop/controller.py``, OSWorld's VM-server protocol) through
-  the sandbox's shell: every request is a ``curl`` to 127.0.0.1 inside the
-  container, so the desktop needs no network and no published port.
 * :func:`load_tasks` reads OSWorld task JSON (a directory of
   ``examples/<domain>/<id>.json``, a ``test_all.json`` index or one file).
   Each task carries :func:`unsupported` reasons: what the desktop container
@@ -15,30 +11,27 @@
   rest of a directory. Such tasks are *skipped with the reason*, never graded.
   :func:`support_report` counts them.
 * :func:`run_config` performs a task's ``config`` (and an evaluator's
-  ``postconfig``) steps.
-
-Grading (getters and metrics) lives in :mod:`envs.osworld_eval`.
+  ``postconfig``) steps, through the desktop's controller (:mod:`envs.gui.desktop`).
+* :func:`evaluate` grades a task with OSWorld's getters and metrics (:mod:`envs.gui.metrics`).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import collections
 import json
 import re
-import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from envs.base import Task, TaskUnsupported
-from envs.sandbox import Sandbox
+from envs.gui.desktop import DesktopClient, DesktopError, wait_for_browser
+from envs.gui.metrics import GETTERS, METRICS, NETWORK_GETTERS, Ctx
 
-CONTROLLER_PORT = 5000
-HOME = "/home/user"  # OSWorld's paths; the image links it to the agent's home
 # Applications of OSWorld's Ubuntu image that the desktop container does not have.
 MISSING_APPS = {"gimp", "libreoffice_calc", "libreoffice_impress", "libreoffice_writer", "vlc",
                 "vs_code", "vscode", "thunderbird"}
@@ -65,140 +58,6 @@ _WINDOWS_PATH = re.compile(r"(?i)(?<![\w/])[a-z]:\\|%(?:userprofile|appdata|loca
                            r"systemroot|windir|homepath)%")
 _WINDOWS_PROGRAMS = {"cmd", "powershell", "pwsh", "explorer", "taskkill", "reg", "msiexec"}
 _INSTALLS = re.compile(r"(?i)\binstall(?:ed|ing|s)?\b")
-
-
-class DesktopError(RuntimeError):
-    """The controller answered with an error (or not at all)."""
-
-
-# ---- the controller client ------------------------------------------------------------
-
-
-class DesktopClient:
-    """The container's controller, reached with ``curl`` through the sandbox's shell."""
-
-    OUT = "/tmp/.nextstate-controller-reply"
-
-    def __init__(self, sandbox: Sandbox, port: int = CONTROLLER_PORT):
-        self.sandbox, self.port = sandbox, port
-
-    def request(self, method: str, path: str, payload: Any = None, timeout: float = 60) -> tuple[int, bytes]:
-        """One HTTP request; the status and the body."""
-        data = ""
-        if payload is not None:
-            b64 = base64.b64encode(json.dumps(payload).encode()).decode()
-            data = f"printf %s {b64} | base64 -d | "
-        body_opts = "-H 'Content-Type: application/json' --data-binary @- " if payload is not None else ""
-        cmd = (f"{data}curl -sS -m {timeout:g} -X {method} {body_opts}-o {self.OUT} -w '%{{http_code}}' "
-               f"http://127.0.0.1:{self.port}{shlex.quote(path)}")
-        r = self.sandbox.run(cmd, timeout=timeout + 5)
-        try:
-            code = int(r.stdout.strip()[-3:])
-        except ValueError:
-            code = 0
-        if code == 0:
-            raise DesktopError(f"{method} {path}: the controller did not answer: {r.output.strip()[:300]}")
-        try:
-            body = self.sandbox.read_file(self.OUT)
-        except FileNotFoundError:
-            body = b""
-        return code, body
-
-    def call(self, method: str, path: str, payload: Any = None, timeout: float = 60) -> Any:
-        """A request that must succeed; JSON answers decoded, others as text."""
-        code, body = self.request(method, path, payload, timeout)
-        if code != 200:
-            raise DesktopError(f"{method} {path} -> {code}: {body.decode(errors='replace')[:500]}")
-        try:
-            return json.loads(body)
-        except ValueError:
-            return body.decode(errors="replace")
-
-    # -- lifecycle --
-    def start(self, width: int, height: int, timeout: float = 90) -> None:
-        """Starts Xvfb, the window manager and the controller unless they answer already.
-
-        Raises :class:`DesktopError` with the start-up logs when the start script gives up
-        (it exits when openbox fails three times) or nothing answers within ``timeout``.
-        """
-        probe = f"curl -s -m 1 -o /dev/null http://127.0.0.1:{self.port}/platform"
-        if self.sandbox.run(probe, timeout=5).exit_code == 0:
-            return
-        self.sandbox.run(f"SCREEN_SIZE={width}x{height} CONTROLLER_PORT={self.port} "
-                         "setsid -f nextstate-desktop >/tmp/desktop.log 2>&1", timeout=10)
-        # up: the controller answers; gone: neither the start script nor the controller runs
-        check = f"{probe} && echo up || pgrep -f 'nextstate-desktop|desktop/controller.py' >/dev/null || echo gone"
-        deadline = time.monotonic() + timeout
-        while (state := self.sandbox.run(check, timeout=5).stdout.strip()) != "up":
-            if state == "gone" or time.monotonic() > deadline:
-                log = self.sandbox.run("tail -n 20 /tmp/desktop.log /tmp/openbox.log /tmp/xvfb.log",
-                                       timeout=5).output
-                why = "the desktop's start script exited" if state == "gone" else f"no answer in {timeout:g}s"
-                raise DesktopError(f"the desktop did not start ({why}):\n{log}")
-            time.sleep(0.1)
-
-    # -- OSWorld's endpoints --
-    def screenshot(self) -> bytes:
-        code, body = self.request("GET", "/screenshot")
-        if code != 200:
-            raise DesktopError(f"screenshot failed ({code}): {body[:300]!r}")
-        return body
-
-    def screen_size(self) -> tuple[int, int]:
-        size = self.call("GET", "/screen_size")
-        return int(size["width"]), int(size["height"])
-
-    def execute(self, command: str | list[str], shell: bool = False, timeout: float = 120) -> dict[str, Any]:
-        return self.call("POST", "/execute", {"command": command, "shell": shell, "timeout": timeout},
-                         timeout=timeout + 5)
-
-    def run_python(self, code: str, timeout: float = 60) -> dict[str, Any]:
-        return self.call("POST", "/run_python", {"code": code, "timeout": timeout}, timeout=timeout + 5)
-
-    def launch(self, command: str | list[str], shell: bool = False) -> None:
-        self.call("POST", "/setup/launch", {"command": command, "shell": shell})
-
-    def open_file(self, path: str, window_name: str | None = None, timeout: float = 30) -> None:
-        self.call("POST", "/setup/open_file", {"path": path, "window_name": window_name,
-                                                "timeout_seconds": timeout}, timeout=timeout + 5)
-
-    def window(self, action: str, name: str, strict: bool = False, by_class: bool = False) -> bool:
-        """``action`` is ``activate`` or ``close``; whether a window matched."""
-        code, _ = self.request("POST", f"/setup/{action}_window",
-                               {"window_name": name, "strict": strict, "by_class": by_class})
-        return code == 200
-
-    def upload(self, path: str, data: bytes) -> None:
-        self.call("POST", "/setup/upload", {"file_path": path,
-                                            "data_b64": base64.b64encode(data).decode()})
-
-    def get_file(self, path: str) -> bytes | None:
-        """A file's bytes, or None when it does not exist."""
-        code, body = self.request("POST", "/file", {"file_path": path})
-        return body if code == 200 else None
-
-    def accessibility(self) -> str:
-        return self.call("GET", "/accessibility")["AT"]
-
-    def list_directory(self, path: str) -> dict[str, Any]:
-        return self.call("POST", "/list_directory", {"path": path})
-
-    # -- Chromium --
-    def tabs(self) -> list[dict[str, Any]]:
-        return self.call("GET", "/browser/tabs")
-
-    def open_tabs(self, urls: list[str]) -> None:
-        self.call("POST", "/browser/open", {"urls": urls}, timeout=90)
-
-    def close_tabs(self, urls: list[str]) -> None:
-        self.call("POST", "/browser/close", {"urls": urls})
-
-    def eval_js(self, expression: str, tab: str = "active") -> Any:
-        return self.call("POST", "/browser/eval", {"expression": expression, "tab": tab})["result"]
-
-    def locate(self, selector: str) -> dict[str, Any]:
-        """Screen box of the first element matching a CSS selector in the active tab."""
-        return self.call("POST", "/browser/locate", {"selector": selector})
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -352,8 +211,6 @@ def is_windows(task: dict[str, Any]) -> bool:
 
 def unsupported(task: dict[str, Any]) -> list[str]:
     """Why this desktop cannot run an OSWorld task (empty: it can). The first reason is the main one."""
-    from envs.osworld_eval import GETTERS, METRICS, NETWORK_GETTERS
-
     reasons: list[str] = []
     add = lambda r: reasons.append(r) if r not in reasons else None  # noqa: E731
     for app in task.get("related_apps") or []:
@@ -528,23 +385,56 @@ def run_config(client: DesktopClient, steps: list[dict[str, Any]], size: tuple[i
     return notes
 
 
-def wait_for_browser(client: DesktopClient, timeout: float = 30) -> None:
-    """Blocks until Chromium's DevTools endpoint (127.0.0.1:9222 in the desktop) lists its tabs."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if client.tabs():
-                return
-        except DesktopError:
-            pass
-        if time.monotonic() > deadline:
-            raise DesktopError(f"Chromium's DevTools endpoint did not answer within {timeout:g}s")
-        time.sleep(0.25)
+# ---- the evaluator -----------------------------------------------------------------------
+
+
+def evaluate(task: dict[str, Any], client: DesktopClient, size: tuple[int, int],
+             last_action: str | None) -> tuple[float, dict[str, Any]]:
+    """The task's score in [0, 1] and what it was computed from.
+
+    ``last_action`` is the agent's final action kind (``"FAIL"``, ``"DONE"``,
+    ...): an infeasible task scores 1 exactly when the agent gave up with
+    FAIL, and a feasible one scores 0 when it did.
+    """
+    ev = task["evaluator"]
+    funcs = ev["func"] if isinstance(ev["func"], list) else [ev["func"]]
+    if funcs == ["infeasible"]:
+        return float(last_action == "FAIL"), {"metric": "infeasible", "last_action": last_action}
+    if last_action == "FAIL":
+        return 0.0, {"reason": "the agent declared a feasible task infeasible (FAIL)"}
+    notes = run_config(client, ev.get("postconfig") or [], size)
+    as_list = lambda v: v if isinstance(v, list) else [v] * len(funcs)  # noqa: E731
+    results, expecteds = as_list(ev.get("result")), as_list(ev.get("expected"))
+    options = as_list(ev.get("options") or {})
+    conj = ev.get("conj", "and")
+    scores, details = [], []
+    with tempfile.TemporaryDirectory(prefix="nextstate-osworld-") as tmp:
+        ctx = Ctx(client, Path(tmp))
+        for func, res_cfg, exp_cfg, opts in zip(funcs, results, expecteds, options):
+            result = GETTERS[res_cfg["type"]](ctx, res_cfg) if res_cfg else None
+            args = [result]
+            if exp_cfg:
+                args.append(GETTERS[exp_cfg["type"]](ctx, exp_cfg))
+            score = float(METRICS[func](*args, **(opts or {})))
+            scores.append(score)
+            details.append({"metric": func, "result": _short(result), "score": score})
+            if (conj == "and" and score == 0) or (conj == "or" and score == 1):
+                break
+    if conj == "or":
+        total = max(scores)
+    else:
+        total = 0.0 if len(scores) < len(funcs) or 0 in scores else sum(scores) / len(scores)
+    return total, {"metrics": details, "conj": conj, "postconfig_notes": notes}
+
+
+def _short(value: Any) -> Any:
+    text = json.dumps(value, default=str)
+    return value if len(text) <= 300 else text[:300] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m envs.osworld report DIR|INDEX [--json]``: which tasks this desktop can run."""
-    ap = argparse.ArgumentParser(prog="python -m envs.osworld", description=main.__doc__)
+    """``python -m envs.gui.osworld report DIR|INDEX [--json]``: which tasks this desktop can run."""
+    ap = argparse.ArgumentParser(prog="python -m envs.gui.osworld", description=main.__doc__)
     ap.add_argument("command", choices=["report"])
     ap.add_argument("source", help="an OSWorld directory, a test_all.json index or a task file")
     ap.add_argument("--json", action="store_true", help="print the whole report as JSON")

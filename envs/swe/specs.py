@@ -16,7 +16,7 @@ did). This module holds those facts for the repositories listed in
   reinstall the repo, reset the test files, apply ``test_patch``, run the
   spec's test command on the files it touches between swebench's markers;
 * the scripts that set up the env and the repository in the image
-  (:mod:`containers.swe_images` builds them).
+  (:mod:`envs.swe.images` builds them).
 
 Other datasets: SWE-Gym rows have the same layout (they name their
 repositories' specs the same way, so a row of an unlisted repo is refused

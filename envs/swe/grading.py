@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from envs.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
-from envs.swe_instances import TESTBED, checkout_command, make_test_spec, sandbox_user
+from containers.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
+from envs.swe.instances import TESTBED, checkout_command, make_test_spec, sandbox_user
 
 PATCH_FILE = "/tmp/nextstate-grade.patch"
 EVAL_FILE = "/tmp/nextstate-eval.sh"

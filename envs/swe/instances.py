@@ -6,10 +6,10 @@ Instances use SWE-bench's schema (``instance_id``, ``repo``, ``base_commit``,
 ``version``, ``environment_setup_commit``, ``created_at``). The fields with
 which swebench 5 grades an instance (``image``, ``eval_script``,
 ``log_parser``, ``eval_type``) are used when a row has them and otherwise
-derived the way SWE-bench derives them (:mod:`envs.swe_specs`); the images of
+derived the way SWE-bench derives them (:mod:`envs.swe.specs`); the images of
 plain rows are built by ``python -m containers build-swe``.
 
-The built-in set (``envs/tasks/swe/instances.jsonl``) runs offline: its
+The built-in set (``envs/swe/tasks/instances.jsonl``) runs offline: its
 repositories are made by ``containers/swe`` into the image
 ``nextstate/swe:latest``, and an episode clones the instance's repository
 into ``/testbed``. A SWE-bench image already holds its repository there at
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import read_rows
-from envs.swe_specs import check_row, complete_row
+from envs.swe.specs import check_row, complete_row
 
-BUILTIN = Path(__file__).parent / "tasks" / "swe" / "instances.jsonl"
+BUILTIN = Path(__file__).parent / "tasks" / "instances.jsonl"
 OFFLINE_IMAGE = "nextstate/swe:latest"
 OFFLINE_REPOS = "/opt/nextstate/swe"
 TESTBED = "/testbed"

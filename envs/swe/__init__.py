@@ -1,0 +1,28 @@
+"""The SWE family: a repository at a commit, graded by swebench's harness in a fresh container.
+
+:mod:`~envs.swe.env` is the env and :mod:`~envs.swe.editor` the editor tool it uploads;
+:mod:`~envs.swe.instances` reads SWE-bench rows, :mod:`~envs.swe.specs` holds the per-repository
+install specs, :mod:`~envs.swe.grading` grades a patch, and :mod:`~envs.swe.images` builds
+instance images (``python -m containers build-swe``). ``tasks/`` holds the offline instances.
+The env module's names are importable from here, loaded on first use.
+"""
+
+import importlib
+from typing import Any
+
+from envs import registry
+
+registry.register(
+    "swe", "envs.swe.env:SWEEnv", id="nextstate/SWE-v0", config="swe.yaml", judge_template="swe.yaml",
+    validator="envs.swe.env:check_swe",
+    intro="You are a software engineer fixing an issue in a code repository. Explore the code, "
+          "reproduce the problem, edit the files and check your fix by running tests, one tool "
+          "call per answer.")
+
+
+def __getattr__(name: str) -> Any:
+    """The env module's names (``SWEEnv`` ...), imported on first use, so
+    registering the family loads no env module."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(importlib.import_module("envs.swe.env"), name)

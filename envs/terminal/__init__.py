@@ -1,0 +1,26 @@
+"""The terminal family: a shell in a sandbox, graded by the task's hidden tests.
+
+:mod:`~envs.terminal.env` is the env, :mod:`~envs.terminal.formats` reads terminal-bench and Harbor
+task directories, :mod:`~envs.terminal.procedural` makes the procedural families, and ``tasks/``
+holds the built-in tasks. The env module's names are importable from here
+(``from envs.terminal import TerminalEnv``), loaded on first use.
+"""
+
+import importlib
+from typing import Any
+
+from envs import registry
+
+registry.register(
+    "terminal", "envs.terminal.env:TerminalEnv", id="nextstate/Terminal-v0", config="terminal.yaml",
+    judge_template="terminal.yaml",
+    intro="You are an agent working in a Linux terminal. Reach the goal of the task by running "
+          "shell commands, one tool call per answer, and look at each result before the next step.")
+
+
+def __getattr__(name: str) -> Any:
+    """The env module's names (``TerminalEnv`` ...), imported on first use, so
+    registering the family loads no env module."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(importlib.import_module("envs.terminal.env"), name)
