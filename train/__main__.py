@@ -102,6 +102,7 @@ from envs import registry  # noqa: E402
 from train.config import Config, ConfigError, load_config  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
+JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -154,6 +155,9 @@ def check_model(name: str) -> None:
     """A local model path must exist and hold an HF config; hub names are checked at load."""
     if name == "tiny":
         return
+    if name.startswith(("http://", "https://")):
+        raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
+                          f"({name}); a server URL can be the judge: --judge {name}")
     path = Path(name).expanduser()
     looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1
     if looks_local and not (path / "config.json").is_file():
@@ -205,6 +209,31 @@ def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
         raise ConfigError(str(e)) from None
 
 
+def probe_judge(url: str, model: str, timeout: float = JUDGE_PROBE_TIMEOUT) -> None:
+    """One real judge request (a short chat completion) at start: a server that answers
+    ``/models`` but not a chat (a wrong ``judge.model``, a URL that is not an OpenAI server)
+    stops the run now, with one line, instead of failing every judge call of the run."""
+    import asyncio
+
+    from agents.openai_policy import OpenAIPolicy
+    from agents.policy import PolicyError
+
+    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=1, request_ids=False,
+                          model_key="judge.model")
+
+    async def ask() -> list[str]:
+        try:
+            return await policy.complete([{"role": "user", "content": "Reply with \\boxed{1}."}],
+                                         n=1, temperature=0.0, max_tokens=8)
+        finally:
+            await policy.aclose()
+    try:
+        asyncio.run(ask())
+    except (PolicyError, OSError) as e:
+        raise ConfigError(f"the judge at {url} (model {model!r}) fails a chat request: {e}; "
+                          "check judge.url and judge.model") from None
+
+
 def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     """The run's config, and whether the CPU demo settings are in use."""
     if args.backend not in ("local", "verl"):
@@ -223,6 +252,7 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
         check_model(cfg.model.name)
     if cfg.judge.mode == "url" and not args.dry_run:
         cfg.judge.model = probe_server(cfg.judge.url or "", cfg.judge.model, "judge.model")
+        probe_judge(cfg.judge.url or "", cfg.judge.model)
     return cfg, demo
 
 

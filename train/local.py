@@ -97,6 +97,16 @@ async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollo
         await loop.run_in_executor(None, trainer.shutdown)
 
 
+def judge_failed_everywhere(trajectories: list[Trajectory]) -> str | None:
+    """Why a run must stop when its judge failed on every step of a training step (a wrong
+    ``judge.model``, a server that cannot judge): one line, else None."""
+    errors = [s.judge_error for t in trajectories for s in t.steps]
+    if not errors or any(e is None for e in errors):
+        return None
+    return (f"the judge failed on all {len(errors)} steps of the first training step "
+            f"(first error: {str(errors[0])[:300]}); check judge.url and judge.model")
+
+
 class LocalTrainer:
     """Policy, learner, sandbox pool, judge and logs of one local run."""
 
@@ -179,7 +189,9 @@ class LocalTrainer:
 
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, Any]:
         """Advantages, one update, weights to the serving model, held-out evaluation when due
-        (learner thread)."""
+        (learner thread). A first step whose every judge call failed stops the run."""
+        if step == self.start and (failed := judge_failed_everywhere(trajectories)):
+            raise ConfigError(failed)
         batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight,
                             role=self.cfg.train.role)
         for row in batch.step_log:
