@@ -274,6 +274,16 @@ def test_a_run_whose_judge_failed_on_every_step_of_its_first_step_stops(tmp_path
     assert not list((tmp_path / "checkpoints").glob("step_*"))   # nothing trained, nothing saved
 
 
+def test_importing_the_trainer_prints_no_verl_engine_warnings():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", "import train.loss"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "engine is not available" not in done.stderr, done.stderr[-2000:]
+
+
 def test_train_says_the_trained_model_must_be_local(tmp_path, capsys):
     from train.__main__ import main
 
