@@ -114,3 +114,60 @@ def test_terminal_gold_runs_the_solution_and_noop_finishes_at_once(tmp_path):
     noop = evaluate("terminal", "builtin", "noop", parallel=2, output=tmp_path / "noop", ids=ids)
     assert (gold["succeeded"], noop["succeeded"]) == (2, 0)
     assert all(r["steps"] == 1 for r in read_jsonl(tmp_path / "noop" / "results.jsonl"))
+
+
+def test_a_url_policys_request_limits_are_flags(tmp_path):
+    """--request-timeout, --retries and --max-tokens reach the requests: a server slower than the
+    timeout gets one request (no retry), asking for at most --max-tokens."""
+    from agents.testing import Reply, ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer(Reply("too late", delay=3.0)) as server:
+        rc = main(["--env", "toolcall", "--policy", server.url, "--ids", "nextstate-aime-1", "--output", str(tmp_path),
+                   "--request-timeout", "0.5", "--retries", "0", "--max-tokens", "7"])
+        assert rc == 1 and [r["max_tokens"] for r in server.requests] == [7]
+    [row] = read_jsonl(tmp_path / "results.jsonl")
+    assert row["status"] == "aborted" and "after 1 attempts: ReadTimeout (timeout 0.5s)" in row["reason"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "gold", "--retries", "1"], "--request-timeout and --retries bound a URL policy's requests"),
+    (["--policy", "noop", "--max-tokens", "5"], "--max-tokens bounds a model policy's actions"),
+    (["--policy", "http://127.0.0.1:1", "--request-timeout", "0"], "--request-timeout must be positive"),
+])
+def test_request_limit_flags_that_cannot_apply_are_refused(flags, message, tmp_path, capsys):
+    assert main(["--env", "toolcall", "--output", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.docker
+def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing(tmp_path, docker_client):
+    """As for ``python -m train``: SIGINT once sandboxes run gives exit 130, one closing line, no
+    traceback, no labeled container left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import containers
+
+    proc = subprocess.Popen([sys.executable, "-m", "train.evaluate", "--env", "terminal", "--policy", "gold",
+                             "--parallel", "2", "--backend", "docker", "--output", str(tmp_path)],
+                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+    def mine() -> list[str]:
+        return [c["Id"] for c in containers.project_containers(docker_client)
+                if (c.get("Labels") or {}).get(containers.PID_LABEL) == str(proc.pid)]
+
+    try:
+        deadline = time.monotonic() + 180
+        while not mine() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mine(), "no sandbox started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.rstrip().splitlines()[-1].endswith("interrupted"), err[-2000:]
+    assert mine() == []
