@@ -291,13 +291,16 @@ def test_train_says_the_trained_model_must_be_local(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "must be local" in err and "--judge http://127.0.0.1:1/v1" in err and "\n" not in err
 
+
 # -- Ctrl-C during start-up --------------------------------------------------------------------
 @pytest.mark.docker
-@pytest.mark.parametrize("when", ["importing", "sandboxes started"])
-def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path, terminal_image, docker_client, when):
+@pytest.mark.parametrize("command, when", [("train", "importing"), ("train", "sandboxes started"),
+                                           ("train.evaluate", "sandboxes started")])
+def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path, terminal_image, docker_client,
+                                                                        command, when):
     """SIGINT while the run imports, and once its first sandbox exists (pool filling, model
-    loading, first rollout): exit 130, one closing line, no traceback, no labeled container or
-    disk left behind."""
+    loading, first rollout; for the evaluator, episodes under way): exit 130, one closing line,
+    no traceback, no labeled container or disk left behind."""
     import signal
     import subprocess
     import sys
@@ -310,6 +313,9 @@ def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path
     cmd = [sys.executable, "-m", "train", "--env", "terminal", "--model", "tiny", "--parallel", "2", "--steps", "1",
            "--output", str(tmp_path / "run"), "rollout.tasks_per_step=1", "rollout.samples_per_task=2",
            "sft.steps=0", "eval.tasks=null"]
+    if command == "train.evaluate":
+        cmd = [sys.executable, "-m", command, "--env", "terminal", "--policy", "gold", "--parallel", "2",
+               "--backend", "docker", "--output", str(tmp_path / "eval")]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 

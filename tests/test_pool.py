@@ -247,6 +247,7 @@ def test_a_forced_exit_waits_for_every_start_it_began(terminal_image, docker_cli
         return real(self)
 
     monkeypatch.setattr(SandboxPool, "_new_sandbox", slow)
+    monkeypatch.setattr(pool_module, "_exiting", False)   # set by the exit path: restored afterwards
     pool = SandboxPool(terminal_image, size=3, backend="docker", start_workers=1, run_id="pytest-exit-starts")
     try:
         assert began.wait(60)
