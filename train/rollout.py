@@ -16,7 +16,10 @@ episodes; the envs should share one SandboxPool that the caller made).
 
 Several agents can share one episode: ``policies`` maps roles to policies and
 a router picks the role for each step (:func:`single_role`,
-:func:`planner_executor`); every step records its role.
+:func:`planner_executor`); the roles share the episode's history. On a
+:class:`~envs.multiagent.MultiAgentEnv` the env picks the role instead
+(``agent_selection``) and each role sees only its own view: its briefing, its own turns and
+what reached it (:class:`_View`). Every step records its role.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from agents.recorder import Recorder
 from agents.trajectory import Step, Trajectory
 from envs import env_class
 from envs.base import INFRA_ERRORS, Observation
+from envs.multiagent import MultiAgentEnv
 from envs.pool import EnvCache
 from judges.prm import JudgeRequest, JudgeResult, StepJudge
 from train.config import Config
@@ -77,12 +81,42 @@ def planner_executor(k: int = 3, planner: str = "planner", executor: str = "exec
                   {planner: PLANNER_NOTE, executor: EXECUTOR_NOTE, **(notes or {})})
 
 
-def _roles(policies: Policy | Mapping[str, Policy], router: Callable[[int, Trajectory], str] | None
-           ) -> tuple[dict[str, Policy], Callable[[int, Trajectory], str]]:
+_NO_ENV = object()   # _roles' env when none could be made: the plain checks only
+
+
+def _roles(policies: Policy | Mapping[str, Policy], router: Callable[[int, Trajectory], str] | None,
+           env: Any) -> tuple[dict[str, Policy], Callable[[int, Trajectory], str]]:
+    """The roles and who picks among them: a MultiAgentEnv picks, else ``router`` (or the one role)."""
     roles = dict(policies) if isinstance(policies, Mapping) else {"agent": policies}
+    if isinstance(env, MultiAgentEnv):
+        if router is not None:
+            raise ValueError(f"{env.family}: the env decides who acts; pass no router")
+        missing = sorted(set(env.possible_agents) - set(roles))
+        if missing:
+            raise ValueError(f"{env.family}: no policy for the agents {', '.join(missing)} "
+                             f"(policies: {', '.join(sorted(roles))})")
+        return roles, Router(lambda i, t: env.agent_selection)
     if router is None and len(roles) != 1:
         raise ValueError(f"several policies ({sorted(roles)}) need a router to choose between them")
     return roles, router or single_role(next(iter(roles)))
+
+
+@dataclass
+class _View:
+    """What one agent of a :class:`~envs.multiagent.MultiAgentEnv` has seen: its first
+    observation, its own turns, and its last action until its next observation arrives."""
+
+    first: Observation | None = None
+    turns: list[Turn] = field(default_factory=list)
+    waiting: tuple[str, bool] | None = None
+
+    def receive(self, obs: Observation) -> None:
+        """``obs`` is what this agent sees at its next turn."""
+        if self.waiting is not None:
+            self.turns.append(Turn(self.waiting[0], obs, valid=self.waiting[1]))
+            self.waiting = None
+        elif self.first is None:
+            self.first = obs
 
 
 @dataclass
@@ -101,7 +135,24 @@ class _Episode:
     where: dict[str, Any]
     first_obs: Observation | None = None
     turns: list[Turn] = field(default_factory=list)
+    views: dict[str, _View] | None = None    # per agent, on a MultiAgentEnv (else one shared history)
     pending: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
+
+    def history(self, role: str) -> tuple[Observation | None, list[Turn]]:
+        """What ``role`` is shown: the first observation and the turns since."""
+        if self.views is None:
+            return self.first_obs, self.turns
+        view = self.views[role]
+        return view.first, view.turns
+
+    def after_step(self, step: Step, info: dict[str, Any]) -> None:
+        """Record the step in the history (or histories) the next prompts are built from."""
+        valid = bool(step.next_state.get("valid", True))
+        if self.views is None:
+            self.turns.append(Turn(step.text, step.observation, valid=valid))
+            return
+        self.views[step.role].waiting = (step.text, valid)
+        self.views[info.get("next_agent", step.role)].receive(step.observation)
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking env call, run in the episode's thread pool."""
@@ -114,8 +165,10 @@ async def _act(ep: _Episode) -> tuple[str, list[dict], Generation, float]:
     if role not in ep.roles:
         raise KeyError(f"router chose role {role!r}, but the policies are {sorted(ep.roles)}")
     policy, env = ep.roles[role], ep.env
-    system, tools = prompt_head(env.family, env.tools, policy, ep.chat, getattr(ep.router, "notes", {}).get(role))
-    messages = build_messages(system, ep.first_obs, ep.turns, policy=policy, tools=tools, config=ep.chat)
+    env_tools = env.tools_for(role) if ep.views is not None else env.tools
+    system, tools = prompt_head(env.family, env_tools, policy, ep.chat, getattr(ep.router, "notes", {}).get(role))
+    first, turns = ep.history(role)
+    messages = build_messages(system, first, turns, policy=policy, tools=tools, config=ep.chat)
     t0 = time.monotonic()
     gen = await policy.generate(messages, tools, **ep.gen_kw)
     return role, messages, gen, time.monotonic() - t0
@@ -176,7 +229,7 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                       sampling: Mapping[str, Any] | None = None) -> Trajectory:
     """Play one episode of ``task`` on ``env``: act, step the env, judge (in the background),
     until the env ends it; then join the votes. Never raises for infrastructure faults."""
-    roles, router = _roles(policies, router)
+    roles, router = _roles(policies, router, env)
     chat = chat or ChatConfig()
     started = time.monotonic()
     traj = Trajectory(task_id=task.id, group_id=group_id, sample=sample, family=env.family,
@@ -188,6 +241,9 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
     try:
         raw_first, _ = await ep.in_thread(partial(env.reset, options={"task": task}))
         ep.first_obs = prev_obs = env.present(raw_first)  # the one view of an observation
+        if isinstance(env, MultiAgentEnv):
+            ep.views = {agent: _View() for agent in env.possible_agents}
+            ep.views[env.agent_selection].receive(ep.first_obs)
         while True:
             step, terminated, truncated, info = await _step_env(ep, *await _act(ep))
             if "aborted" in info:
@@ -195,7 +251,7 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                 break
             if judge is not None:
                 _judge(ep, judge, step, prev_obs)
-            ep.turns.append(Turn(step.text, step.observation, valid=bool(step.next_state.get("valid", True))))
+            ep.after_step(step, info)
             prev_obs = step.observation
             if terminated or truncated:
                 traj.status = "finished" if terminated else "truncated"
@@ -235,12 +291,23 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
     Returns trajectories ordered by task, then sample. ``group_id`` is
     ``"<task id>@<batch tag>"``, so the samples of one task form one group.
     """
-    _roles(policies, router)  # a configuration error fails here, before any episode starts
     batch_tag = batch_tag or uuid.uuid4().hex[:8]
     jobs = [(task, s) for task in tasks for s in range(n_samples)]
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="env")
     envs = EnvCache(env_factory)
+    try:  # a configuration error fails here, before any episode starts
+        first = await envs.atake(executor)
+    except Exception:  # noqa: BLE001 -- no env can be made: every episode says why below
+        first = None
+    if first is not None:
+        envs.give_back(first)
+    try:
+        _roles(policies, router, first if first is not None else _NO_ENV)
+    except ValueError:
+        await loop.run_in_executor(executor, envs.close)
+        executor.shutdown(wait=False)
+        raise
     slots = asyncio.Semaphore(max(1, parallel))
     bar = tqdm(total=len(jobs), desc="episodes", disable=not progress)
 

@@ -1,0 +1,109 @@
+"""The relay family: two agents, information split between them.
+
+The word of ``/app/note`` (one of :data:`WORDS`, the seed's turn in them) must be answered. The
+``reader`` can run shell commands and so read the note, but has no ``answer`` tool; the
+``writer`` has the ``answer`` tool but no shell, and sees only what the reader ``say``-s to it.
+Neither can succeed alone: the reader must look first, then pass on what it read, and the writer
+must act on that message. Turns alternate, reader first. ``answer`` ends the episode: +1 for the
+note's word, -1 otherwise (and -1 when the steps run out).
+
+Seeds: ``relay:START:COUNT``, ``relay:train`` (0..1023) and ``relay:heldout``
+(1000000..1000063, never trained on).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, ClassVar, Iterable
+
+from envs.actions import ToolCall, tool_schema
+from envs.base import Outcome, Task, ToolResult
+from envs.multiagent import MultiAgentEnv
+from envs.terminal.procedural import WORDS
+
+PREFIX = "relay:"
+NOTE = "/app/note"
+NAMED = {"train": (0, 1024), "heldout": (1_000_000, 64)}
+INSTRUCTION = f"Team task: answer the word held in {NOTE}. The reader can read files; the writer answers."
+BRIEFINGS = {
+    "reader": f"You are the reader. Your teammate, the writer, must answer the word held in {NOTE}. "
+              "You can run shell commands, but you cannot answer: tell the writer the word with `say`.",
+    "writer": f"You are the writer. Your teammate, the reader, can read {NOTE}; you cannot see any file. "
+              "When the reader tells you the word, answer it with `answer`.",
+}
+SAY = tool_schema("say", "Send a message to your teammate.", {"message": "string"})
+BASH = tool_schema("bash", "Run a command in a bash shell.", {"command": "string"})
+ANSWER = tool_schema("answer", "Answer the word; this ends the episode.", {"word": "string"})
+
+
+def instance(seed: int) -> Task:
+    """The task of ``seed``: the same on every machine."""
+    word = WORDS[seed % len(WORDS)]
+    return Task(f"relay-{seed}", INSTRUCTION, {"seed": seed, "value": word}, category="relay")
+
+
+def load(source: str) -> list[Task]:
+    """Tasks of ``relay:START:COUNT`` or ``relay:NAME`` (``train``, ``heldout``)."""
+    spec = source[len(PREFIX):]
+    try:
+        start, count = NAMED[spec] if spec in NAMED else (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"bad task source {source!r}: use relay:START:COUNT or relay:{{{','.join(NAMED)}}}") from None
+    if count < 1 or start < 0:
+        raise ValueError(f"bad task source {source!r}: START must be >= 0 and COUNT >= 1")
+    return [instance(seed) for seed in range(start, start + count)]
+
+
+class RelayEnv(MultiAgentEnv):
+    """Reader and writer pass the note's word on (see the module docstring)."""
+
+    family = "relay"
+    possible_agents: ClassVar[list[str]] = ["reader", "writer"]
+    agent_tools: ClassVar[dict[str, list[dict[str, Any]]]] = {"reader": [BASH, SAY], "writer": [SAY, ANSWER]}
+    tools: ClassVar[list[dict[str, Any]]] = [BASH, SAY, ANSWER]
+    default_max_steps = 8
+
+    def load_tasks(self, source: Any) -> list[Task]:
+        if source is None:
+            return load(PREFIX + "train")
+        if isinstance(source, str) and source.startswith(PREFIX):
+            return load(source)
+        return super().load_tasks(source)
+
+    def briefing(self, agent: str, task: Task) -> str:
+        return BRIEFINGS[agent]
+
+    def start_episode(self, task: Task) -> Any:
+        self.answer: str | None = None
+        r = self.sandbox.run(f"mkdir -p /app && printf '%s\\n' {shlex.quote(task.data['value'])} > {NOTE}")
+        if r.exit_code != 0:
+            raise RuntimeError(f"relay setup failed: {r.output.strip()[:200]}")
+        return None
+
+    def call_tool(self, call: ToolCall) -> ToolResult:
+        me = self.agent_selection
+        if call.name == "bash":
+            return self.command_result(self.run(str(call.arguments["command"])))
+        if call.name == "say":
+            other = self.next_agent(me)
+            self.send(other, f"The {me} says: {call.arguments['message']}")
+            return ToolResult(f"Your message was passed to the {other}.", exit_code=0)
+        self.answer = str(call.arguments["word"]).strip()
+        return ToolResult(f"You answered {self.answer!r}.", exit_code=0, done=True)
+
+    def compute_outcome(self) -> Outcome:
+        word = self.task.data["value"]
+        right = self.answer is not None and self.answer.lower() == word
+        return Outcome(1.0 if right else -1.0, {"answer": self.answer, "word": word})
+
+    def oracle_actions(self, task: Task, kind: str) -> Iterable[Any]:
+        """In turn order. ``gold``: read, wait, tell, answer. ``noop``: the writer answers
+        without having been told."""
+        word = task.data["value"]
+        if kind == "gold":
+            return [{"name": "bash", "arguments": {"command": f"cat {NOTE}"}},
+                    {"name": "say", "arguments": {"message": "ready"}},
+                    {"name": "say", "arguments": {"message": word}},
+                    {"name": "answer", "arguments": {"word": word}}]
+        return [{"name": "say", "arguments": {"message": "hello"}},
+                {"name": "answer", "arguments": {"word": ""}}]
