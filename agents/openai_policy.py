@@ -28,6 +28,7 @@ environment's one parser sees every action the same way.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import logging
 import random
@@ -56,6 +57,18 @@ class _HTTPError(PolicyError):
     def __init__(self, message: str, status: int, body: str):
         super().__init__(message)
         self.status, self.body = status, body
+
+
+def error_line(body: str, limit: int = 300) -> str:
+    """A server's error body as one line: an HTML page (a proxy's or a web server's error page)
+    by its title (else its text), whitespace collapsed, at most ``limit`` characters."""
+    text = body.strip()
+    if re.match(r"(?is)(<!doctype html|<html|<head|<body|<\?xml)", text):
+        title = re.search(r"(?is)<title[^>]*>(.*?)</title>", text) or re.search(r"(?is)<h1[^>]*>(.*?)</h1>", text)
+        text = title.group(1) if title else re.sub(r"(?is)<(script|style).*?</\1>|<[^>]+>", " ", text)
+        text = "HTML page: " + html.unescape(text).strip()
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _refuses_id_fields(e: _HTTPError) -> bool:
@@ -127,8 +140,12 @@ class OpenAIPolicy(Policy):
                 last = type(e).__name__ + (f": {e}" if str(e) else f" (timeout {self.timeout}s)")
             else:
                 if resp.status_code < 400:
-                    return resp.json()
-                last = f"HTTP {resp.status_code}: {resp.text[:500]}"
+                    try:
+                        return resp.json()
+                    except ValueError:   # not an OpenAI server: a web page, a proxy's answer
+                        raise PolicyError(f"{method} {url} answered HTTP {resp.status_code} with a body that "
+                                          f"is not JSON: {error_line(resp.text)}") from None
+                last = f"HTTP {resp.status_code}: {error_line(resp.text)}"
                 if resp.status_code not in RETRY_STATUS:
                     raise _HTTPError(f"{method} {url} failed: {last}", resp.status_code, resp.text[:2000])
                 retry_after = resp.headers.get("retry-after", "")

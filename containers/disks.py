@@ -71,6 +71,11 @@ class LoopDisk:
         st = os.statvfs(self.mnt)
         return st.f_bavail * st.f_frsize
 
+    def inodes(self) -> tuple[int, int]:
+        """Inodes (files) the container can still create, and the file system's total."""
+        st = os.statvfs(self.mnt)
+        return st.f_favail, st.f_files
+
     def release(self) -> bool:
         """Unmount (which frees the loop device) and delete the image. False when the file
         system is still in use (its container not removed yet): then nothing is deleted."""

@@ -40,6 +40,8 @@ from containers.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxCon
 log = logging.getLogger(__name__)
 _LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()
 _REAPED: set[str | None] = set()   # engines this process has reaped leftovers on
+_exiting = False   # set by reap_live_pools: the process is about to exit, no sandbox may start
+START_GRACE = 120.0   # seconds a forced exit waits for the sandbox starts under way (each engine call is bounded)
 
 
 class PoolTimeout(TimeoutError):
@@ -194,6 +196,10 @@ class SandboxPool:
             self._workers.submit(self._start_one)
 
     def _start_one(self) -> None:
+        if self._closed or _exiting:   # queued before the pool closed (or the process began to exit)
+            with self._lock:
+                self._starting -= 1
+            return
         try:
             sb = self._new_sandbox()
         except Exception as e:
@@ -480,10 +486,14 @@ def reap_live_pools() -> None:
     """Remove every live pool's sandboxes (and their disks) straight from the engines, taking no
     pool's lock: for a process about to exit at once (the pools are unusable afterwards)."""
     import containers
+    global _exiting
+    _exiting = True   # a pool made from now on (an episode's retry) starts nothing
     pools = list(_LIVE_POOLS)
     for pool in pools:
         pool._closed = True   # no new sandboxes (a plain flag: the lock may be held for good)
-    deadline = time.monotonic() + 5.0   # let the starts under way finish, then remove them too
+    # Every start under way ends (each engine call is bounded) before the one reap that removes
+    # what it made; starts still queued see the flag and never begin.
+    deadline = time.monotonic() + START_GRACE
     while any(pool._starting for pool in pools) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pool in pools:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import docker
@@ -21,6 +22,17 @@ def project_containers(client: docker.DockerClient, run_id: str | None = None, *
     if running:
         filters["status"] = "running"
     return client.api.containers(all=not running, filters=filters)
+
+
+def _wait_removed(client: docker.DockerClient, container_id: str, timeout: float = 30.0) -> None:
+    """Wait (bounded) until a container another caller is removing is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return
+        time.sleep(0.1)
 
 
 def reap(
@@ -49,7 +61,8 @@ def reap(
         except docker.errors.NotFound:
             continue
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # removal already in progress elsewhere
+            if exc.status_code == 409:  # removal already in progress elsewhere: its disk goes once it ends
+                _wait_removed(client, info["Id"])
                 continue
             raise
         removed += 1

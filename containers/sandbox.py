@@ -17,7 +17,10 @@ Two backends share the same wire protocol:
 
 Protocol: each command's bytes follow a line that reads exactly that many
 bytes (``read -N``, no fork) and ``eval``-s them with stdin from ``/dev/null``
-(so a heredoc or an unbalanced quote cannot wedge the shell);
+(so a heredoc or an unbalanced quote cannot wedge the shell), calling both as
+``\builtin`` (so the agent's functions and aliases named ``eval``, ``read`` or
+``printf`` do not reach it; a function named ``builtin`` costs one timeout and a
+restarted shell) and keeping its own lines out of a ``set -x`` trace;
 afterwards the shell prints an end marker with the exit code on stdout and a
 second marker on stderr. Output beyond ``output_limit`` bytes per stream is
 dropped (the flood is still drained) and a visible marker says how much; the
@@ -43,7 +46,8 @@ supports one (overlay2 on XFS with project quotas). Elsewhere (overlay2 on ext4)
 on a local engine run as root, the container's writable layer goes on a
 loop-mounted ext4 disk of the limit's size (:mod:`containers.disks`): past it,
 every write fails with ``ENOSPC`` as on a full disk, and the result says the
-limit is used up. Where neither is possible (no loop devices, not root, a
+limit (its bytes, or its inodes) is used up. A process the kernel kills for the
+memory limit gets a line saying so, with the limit. Where neither is possible (no loop devices, not root, a
 remote engine) a watchdog measures the writable layer while commands run (and
 at most every ``disk_check_every`` seconds between them) and, past the limit,
 kills the writers and reports ``ENOSPC`` in the result: a write can run past
@@ -111,6 +115,11 @@ def parse_size(size: str | int | None) -> int | None:
 
 def _mib(n: int | None) -> str:
     return f"{(n or 0) / 2 ** 20:.0f} MiB"
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in GiB when whole, else MiB: "1 GiB", "512 MiB"."""
+    return f"{n // 2 ** 30} GiB" if n >= 2 ** 30 and n % 2 ** 30 == 0 else _mib(n)
 
 
 def unsendable(command: str) -> str | None:
@@ -305,8 +314,13 @@ class Sandbox(ABC):
         """Bytes written to the sandbox's disk, when a watchdog must measure them; else None."""
         return None
 
-    def _disk_full(self) -> bool:
-        """Whether a disk whose limit the kernel enforces is full (writers got ENOSPC)."""
+    def _disk_full(self) -> str | None:
+        """What a disk whose limits the kernel enforces has used up (its space or its inodes:
+        writers got ENOSPC), as a sentence for the result; None while it has room."""
+        return None
+
+    def _oom_killed(self, exit_code: int | None) -> bool:
+        """Whether the kernel's OOM killer killed a process of the sandbox since the last look."""
         return False
 
     @abstractmethod
@@ -387,11 +401,16 @@ class Sandbox(ABC):
         out_m, err_m = f"\n\x1e{nonce}:".encode(), f"\x1e{nonce}!".encode()
         body = command.encode()
         background = self._background_output(limit)
-        # `read -N` takes the command's exact bytes off the stream: no fork needed,
-        # so a sandbox whose pids are exhausted still answers.
+        # `read -N` takes the command's exact bytes off the stream: no fork needed, so a
+        # sandbox whose pids are exhausted still answers. `\builtin` passes by the agent's
+        # functions and aliases of the same names. The command runs with the agent's -x/-v
+        # (kept in __ns_x); the group after it turns them off with its own trace sent to
+        # /dev/null, so a `set -x` shows the command's lines, never the protocol's.
         line = (
-            f"IFS= LC_ALL=C read -r -d '' -N {len(body)} __ns_cmd; eval \"$__ns_cmd\" </dev/null; "
-            f"printf '\\n\\036{nonce}:%d\\036' $?; printf '\\036{nonce}!' >&2\n"
+            f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
+            f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
+            "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
+            f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
         ).encode() + body
         out, err = _Capped(limit, out_m, True), _Capped(limit, err_m, False)
         start = time.monotonic()
@@ -457,9 +476,11 @@ class Sandbox(ABC):
                        f"({_mib(disk_full)} written); the processes writing were killed. "
                        "Delete files to free space.]\n")
             rc = 28 if rc is None or rc == 0 else rc   # 28: ENOSPC
-        elif limit is not None and self._disk_full():
-            stderr += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(parse_size(self.spec.disk))} is used "
-                       "up: writes fail with 'No space left on device'. Delete files to free space.]\n")
+        elif limit is not None and (full := self._disk_full()):
+            stderr += f"\n[ENOSPC: {full}. Delete files to free space.]\n"
+        if limit is not None and self._oom_killed(rc):
+            stderr += (f"\n[out of memory (limit {_size(parse_size(self.spec.memory) or 0)}): the kernel "
+                       "killed a process of the sandbox. Use less memory.]\n")
         if rc_exit is not None:
             rc = rc_exit
             stderr += "[the shell exited; a new one was started: cwd and environment were reset]\n"
@@ -485,17 +506,27 @@ class Sandbox(ABC):
             raise SandboxError(f"sandbox {self.id}: {command.split()[0]} failed: {res.stderr[-500:]}")
         return res
 
+    @staticmethod
+    def _quoted(path: str) -> str:
+        """``path`` quoted for the shell; ``ValueError`` for one bash cannot hold (a NUL byte)."""
+        path = str(path)
+        problem = "a path cannot hold a NUL byte" if "\x00" in path else unsendable(path)
+        if problem:
+            raise ValueError(f"bad path {path[:200]!r}: {problem.replace('the command', 'it')}")
+        return shlex.quote(path)
+
     def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
-        """Create or replace ``path`` (relative paths are under the workdir)."""
+        """Create or replace ``path`` (relative paths are under the workdir); ``ValueError``
+        for a path holding a NUL byte."""
         raw = data.encode() if isinstance(data, str) else data
-        q = shlex.quote(path)
+        q = self._quoted(path)
         b64 = base64.b64encode(raw).decode()
         self._internal(f"mkdir -p \"$(dirname {q})\" && printf %s {b64} | base64 -d > {q} "
                        f"&& chmod {mode:o} {q}")
 
     def read_file(self, path: str) -> bytes:
         """Bytes of ``path``; raises ``FileNotFoundError`` when it does not exist."""
-        q = shlex.quote(path)
+        q = self._quoted(path)
         res = self._exchange(f"test -f {q} && base64 -w0 {q}", 120, None)
         if res.exit_code != 0:
             raise FileNotFoundError(f"{path} (in sandbox {self.id})")
@@ -503,6 +534,7 @@ class Sandbox(ABC):
 
     def copy_in(self, host_path: str | os.PathLike, sandbox_path: str) -> None:
         """Copy a host file or directory's contents into ``sandbox_path``."""
+        q = self._quoted(sandbox_path)
         buf = io.BytesIO()
         src = Path(host_path)
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -511,13 +543,12 @@ class Sandbox(ABC):
                     tar.add(child, arcname=child.name)
             else:
                 tar.add(src, arcname=src.name)
-        q = shlex.quote(sandbox_path)
         b64 = base64.b64encode(buf.getvalue()).decode()
         self._internal(f"mkdir -p {q} && printf %s {b64} | base64 -d | tar -xz --no-same-owner -C {q}")
 
     def copy_out(self, sandbox_path: str, host_path: str | os.PathLike) -> None:
         """Copy ``sandbox_path`` (a directory's contents, or a file) to the host."""
-        q = shlex.quote(sandbox_path)
+        q = self._quoted(sandbox_path)
         res = self._internal(
             f"if [ -d {q} ]; then tar -cz -C {q} . | base64 -w0; "
             f"else tar -cz -C \"$(dirname {q})\" \"$(basename {q})\" | base64 -w0; fi")
@@ -546,8 +577,10 @@ class _HostCgroup:
 
     ROOT = Path("/sys/fs/cgroup")
 
-    def __init__(self, procs: Path, freeze: Path, frozen: Callable[[], bool], pids: Path, v2: bool):
+    def __init__(self, procs: Path, freeze: Path, frozen: Callable[[], bool], pids: Path, v2: bool,
+                 oom: Path):
         self.procs, self.freeze_file, self._frozen, self.pids_dir, self.v2 = procs, freeze, frozen, pids, v2
+        self.oom_file = oom   # memory.events (v2) or memory.oom_control (v1): "oom_kill N"
 
     @classmethod
     def find(cls, init_pid: int, container_id: str) -> "_HostCgroup | None":
@@ -569,13 +602,21 @@ class _HostCgroup:
             d = cls.ROOT / "freezer" / v1["freezer"].lstrip("/")
             state = d / "freezer.state"
             found = cls(d / "cgroup.procs", state, lambda: state.read_text().strip() == "FROZEN",
-                        cls.ROOT / "pids" / v1.get("pids", "/").lstrip("/"), False)
+                        cls.ROOT / "pids" / v1.get("pids", "/").lstrip("/"), False,
+                        cls.ROOT / "memory" / v1.get("memory", "/").lstrip("/") / "memory.oom_control")
         else:
             d = cls.ROOT / (unified or "/").lstrip("/")
             events = d / "cgroup.events"
             found = cls(d / "cgroup.procs", d / "cgroup.freeze",
-                        lambda: "frozen 1" in events.read_text(), d, True)
+                        lambda: "frozen 1" in events.read_text(), d, True, d / "memory.events")
         return found if os.access(found.freeze_file, os.W_OK) else None
+
+    def oom_kills(self) -> int | None:
+        """Processes the OOM killer killed in this cgroup so far (None: the kernel does not say)."""
+        try:
+            return _oom_count(self.oom_file.read_text())
+        except OSError:
+            return None
 
     def pids(self) -> list[int]:
         return [int(p) for p in self.procs.read_text().split()]
@@ -612,6 +653,12 @@ class _HostCgroup:
             self.freeze_file.write_text("THAWED" if not self.v2 else "0")
 
 
+def _oom_count(text: str) -> int | None:
+    """N of the ``oom_kill N`` line of a cgroup's memory.events / memory.oom_control."""
+    m = re.search(r"^oom_kill (\d+)$", text, re.M)
+    return int(m.group(1)) if m else None
+
+
 def _descendants(parents: dict[int, int], root: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
@@ -636,6 +683,7 @@ class DockerSandbox(Sandbox):
         super().__init__(spec)
         self.client = client
         self._disk: Any = None   # a containers.disks.LoopDisk
+        self._ooms = 0           # OOM kills in the container's cgroup seen so far
         self.container = self._create(spec, client, labels)
         try:
             self._attach_disk(labels)
@@ -819,11 +867,38 @@ class DockerSandbox(Sandbox):
         except Exception as e:
             log.warning("could not kill processes in %s: %s", self.id, e)
 
-    def _disk_full(self) -> bool:
+    def _disk_full(self) -> str | None:
+        if self._disk is None:
+            return None
         try:
-            return self._disk is not None and self._disk.free() < 2 ** 20
+            free, (inodes, files) = self._disk.free(), self._disk.inodes()
         except OSError:   # unmounted by someone else: the next command will say so
+            return None
+        if free < 2 ** 20:
+            return (f"the sandbox's disk limit of {_mib(self._disk.size)} is used up: writes fail "
+                    "with 'No space left on device'")
+        if inodes < 16:
+            return (f"the sandbox's disk limit of {files} files (inodes) is used up: creating a file "
+                    "fails with 'No space left on device'")
+        return None
+
+    def _oom_killed(self, exit_code: int | None) -> bool:
+        if self._cgroup is not None:   # one file read: looked at after every command
+            count = self._cgroup.oom_kills()
+        elif exit_code == 137:   # killed: ask the container's own cgroup
+            try:
+                res = self.container.exec_run(["cat", "/sys/fs/cgroup/memory.events",
+                                               "/sys/fs/cgroup/memory/memory.oom_control"])
+                count = _oom_count(res.output.decode(errors="replace"))
+            except Exception as e:
+                log.debug("reading the OOM count of %s: %s", self.id, e)
+                count = None
+        else:
             return False
+        if count is None or count <= self._ooms:
+            return False
+        self._ooms = count
+        return True
 
     def _disk_used(self) -> int | None:
         try:

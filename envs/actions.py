@@ -83,6 +83,8 @@ def tool_schema(name: str, description: str, properties: dict[str, Any] | None =
 def parse_action(action: str | dict | list, tools: list[dict[str, Any]]) -> ToolCall:
     """The first tool call in ``action``, checked against ``tools``; raises :class:`ActionError`."""
     try:
+        if not isinstance(action, str):   # a message or dict: its JSON text is what the limit bounds
+            _check_size(json.dumps(action, ensure_ascii=False, default=str))
         call = _extract(action)
     except RecursionError:  # a chat message or list nested thousands deep
         raise ActionError("The action is nested too deeply. " + FORMAT_HINT) from None
@@ -118,11 +120,15 @@ def _extract(action: Any) -> ToolCall:
                       + FORMAT_HINT)
 
 
-def _from_text(text: str) -> ToolCall:
+def _check_size(text: str) -> None:
     size = len(text.encode("utf-8", errors="replace"))
     if size > MAX_ACTION_BYTES:
         raise ActionError(f"The action is {size} bytes long; the limit is {MAX_ACTION_BYTES} bytes. "
                           "Write large content in several smaller steps.")
+
+
+def _from_text(text: str) -> ToolCall:
+    _check_size(text)
     if not text.strip():
         raise ActionError("The action is empty. " + FORMAT_HINT)
     start = text.find(_OPEN)

@@ -174,6 +174,16 @@ def test_oversized_action_reports_its_size() -> None:
     assert str(len(big)) in str(err.value) and str(MAX_ACTION_BYTES) in str(err.value)
 
 
+def test_the_size_limit_holds_for_dicts_and_chat_messages_too() -> None:
+    call = {"name": "write_file", "arguments": {"path": "a", "content": "x" * MAX_ACTION_BYTES}}
+    message = {"role": "assistant", "tool_calls": [{"type": "function", "function": call}]}
+    for action in (call, message, [message]):
+        with pytest.raises(ActionError, match=f"the limit is {MAX_ACTION_BYTES} bytes"):
+            parse_action(action, TOOLS)
+    small = {"name": "write_file", "arguments": {"path": "a", "content": "x" * 1000}}
+    assert parse_action(small, TOOLS).arguments["content"] == "x" * 1000
+
+
 @pytest.mark.parametrize("action", [None, 42, [], {"role": "assistant", "tool_calls": "x"},
                                     {"role": "assistant", "content": None}])
 def test_odd_inputs_raise_action_error(action: object) -> None:

@@ -79,6 +79,12 @@ def test_a_write_past_the_limit_is_enospc_and_the_host_keeps_only_the_limit(box)
     assert (r.stdout, r.exit_code) == ("10000000\n", 0) and "ENOSPC" not in r.stderr
 
 
+def test_running_out_of_inodes_says_so(box):
+    r = box.run("mkdir /app/many && cd /app/many && seq 40000 | xargs touch", timeout=120)
+    assert "No space left on device" in r.stderr
+    assert "files (inodes) is used up" in r.stderr.splitlines()[-1], r.stderr[-500:]
+    assert "files (inodes)" not in box.run("rm -rf /app/many && touch /app/one").stderr
+
 def test_the_image_stays_visible_and_writable_as_the_agent(docker_client, terminal_image):
     sb = DockerSandbox(SandboxSpec(image=terminal_image, disk="64m"), docker_client,
                        containers.owner_labels("pytest-disk"))

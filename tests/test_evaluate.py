@@ -130,3 +130,27 @@ def test_a_checkpoint_is_scored_with_the_trainers_prompt_and_sampling(tmp_path):
     assert texts[0] == texts[1]                                       # temperature 0: greedy, the same answer
     assert main(["--env", "toolcall", "--policy", "tiny", "--output", str(tmp_path / "c"),
                  "--temperature", "-1"]) == 2
+
+
+def test_a_url_policys_request_limits_are_flags(tmp_path):
+    """--request-timeout, --retries and --max-response-tokens reach the requests: a server slower than the
+    timeout gets one request (no retry), asking for at most --max-response-tokens."""
+    from agents.testing import Reply, ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer(Reply("too late", delay=3.0)) as server:
+        rc = main(["--env", "toolcall", "--policy", server.url, "--ids", "nextstate-aime-1", "--output", str(tmp_path),
+                   "--request-timeout", "0.5", "--retries", "0", "--max-response-tokens", "7"])
+        assert rc == 1 and [r["max_tokens"] for r in server.requests] == [7]
+    [row] = read_jsonl(tmp_path / "results.jsonl")
+    assert row["status"] == "aborted" and "after 1 attempts: ReadTimeout (timeout 0.5s)" in row["reason"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--policy", "gold", "--retries", "1"], "--request-timeout and --retries bound a URL policy's requests"),
+    (["--policy", "noop", "--max-response-tokens", "5"], "--max-response-tokens bounds a model policy's actions"),
+    (["--policy", "http://127.0.0.1:1", "--request-timeout", "0"], "--request-timeout must be positive"),
+])
+def test_request_limit_flags_that_cannot_apply_are_refused(flags, message, tmp_path, capsys):
+    assert main(["--env", "toolcall", "--output", str(tmp_path), *flags]) == 2
+    assert message in capsys.readouterr().err
+

@@ -195,13 +195,112 @@ def test_a_model_the_server_does_not_list_is_refused(tmp_path, capsys):
     assert "does not serve model 'typo' (it serves: served); set --model" in capsys.readouterr().err
 
 
+NGINX_502 = """<html>
+<head><title>502 Bad Gateway</title></head>
+<body>
+<center><h1>502 Bad Gateway</h1></center>
+<hr><center>nginx/1.18.0</center>
+</body>
+</html>
+"""
+
+
+@pytest.fixture
+def html_server():
+    """A real HTTP server that is not an OpenAI server: a proxy's 502 page on every path."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _page(self):
+            self.send_response(502)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(NGINX_502)))
+            self.end_headers()
+            self.wfile.write(NGINX_502.encode())
+
+        do_GET = do_POST = _page
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_html_error_page_is_cut_to_one_line(html_server, tmp_path, capsys):
+    from train.__main__ import main as train_main
+    from train.evaluate import main as evaluate_main
+
+    assert train_main(["--env", "terminal", "--judge", html_server, "--model", "tiny",
+                       "--output", str(tmp_path / "run")]) == 2
+    assert evaluate_main(["--env", "terminal", "--policy", html_server, "--output", str(tmp_path / "eval")]) == 2
+    for line in capsys.readouterr().err.strip().split("\n"):   # one line each
+        assert line.startswith("error: ") and "HTTP 502: HTML page: 502 Bad Gateway" in line, line
+
+
+def test_a_judge_that_fails_a_chat_request_stops_the_run_at_start(tmp_path, capsys):
+    """A wrong judge.model on a server whose /models cannot say (transformers serve): one real
+    request at start finds it."""
+    from agents.testing import Reply, ScriptedOpenAIServer
+    from train.__main__ import build_config, main, parse_args
+    from train.config import ConfigError
+
+    argv = ["--env", "terminal", "--judge", "URL", "--model", "tiny", "--output", str(tmp_path), "judge.model=typo"]
+    with ScriptedOpenAIServer(Reply(status=404, error="The model `typo` does not exist."), models=500) as server:
+        argv[3] = server.url
+        with pytest.raises(ConfigError, match="fails a chat request"):
+            build_config(parse_args(argv))
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "The model `typo` does not exist." in err and err.endswith("check judge.url and judge.model")
+
+
+@pytest.mark.docker
+def test_a_run_whose_judge_failed_on_every_step_of_its_first_step_stops(tmp_path, terminal_image, capsys):
+    from agents.testing import Reply, ScriptedOpenAIServer
+    from train.__main__ import main
+
+    replies = ["\\boxed{1}", Reply(status=400, error="this judge broke after the probe")]   # probe, then every call
+    with ScriptedOpenAIServer(replies) as server:
+        assert main(["--env", "terminal", "--model", "tiny", "--judge", server.url, "--steps", "2", "--parallel", "2",
+                     "--output", str(tmp_path), "rollout.tasks_per_step=1", "rollout.samples_per_task=2",
+                     "sft.steps=0", "eval.tasks=null"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: the judge failed on all ") and "this judge broke after the probe" in last
+    assert not list((tmp_path / "checkpoints").glob("step_*"))   # nothing trained, nothing saved
+
+
+def test_importing_the_trainer_prints_no_verl_engine_warnings():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", "import train.loss"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "engine is not available" not in done.stderr, done.stderr[-2000:]
+
+
+def test_train_says_the_trained_model_must_be_local(tmp_path, capsys):
+    from train.__main__ import main
+
+    assert main(["--env", "terminal", "--model", "http://127.0.0.1:1/v1", "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "must be local" in err and "--judge http://127.0.0.1:1/v1" in err and "\n" not in err
+
+
 # -- Ctrl-C during start-up --------------------------------------------------------------------
 @pytest.mark.docker
-@pytest.mark.parametrize("when", ["importing", "sandboxes started"])
-def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path, terminal_image, docker_client, when):
+@pytest.mark.parametrize("command, when", [("train", "importing"), ("train", "sandboxes started"),
+                                           ("train.evaluate", "sandboxes started")])
+def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path, terminal_image, docker_client,
+                                                                        command, when):
     """SIGINT while the run imports, and once its first sandbox exists (pool filling, model
-    loading, first rollout): exit 130, one closing line, no traceback, no labeled container or
-    disk left behind."""
+    loading, first rollout; for the evaluator, episodes under way): exit 130, one closing line,
+    no traceback, no labeled container or disk left behind."""
     import signal
     import subprocess
     import sys
@@ -214,6 +313,9 @@ def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path
     cmd = [sys.executable, "-m", "train", "--env", "terminal", "--model", "tiny", "--parallel", "2", "--steps", "1",
            "--output", str(tmp_path / "run"), "rollout.tasks_per_step=1", "rollout.samples_per_task=2",
            "sft.steps=0", "eval.tasks=null"]
+    if command == "train.evaluate":
+        cmd = [sys.executable, "-m", command, "--env", "terminal", "--policy", "gold", "--parallel", "2",
+               "--backend", "docker", "--output", str(tmp_path / "eval")]
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 

@@ -151,3 +151,53 @@ async def test_request_ids_off_and_extra_body():
         await p2.complete(MESSAGES, n=2)
     assert "return_token_ids" not in s.requests[0] and s.requests[0]["top_k"] == 20
     assert "logprobs" not in s.requests[1] and "logprobs" not in s.requests[2]
+
+
+async def test_a_request_given_up_on_has_its_connection_closed_before_the_retry():
+    """How a server (vLLM, SGLang) learns to abort the generation nobody waits for: an attempt
+    that timed out, and one cancelled by the caller (the judge's own timeout), close their
+    connections. A raw socket server records, per connection, whether the client closed it."""
+    import socket
+    import threading
+    import time
+
+    events: list[tuple[str, float]] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def hold(conn: socket.socket) -> None:   # read one request, answer nothing, see how it ends
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        events.append(("request", time.monotonic()))
+        conn.settimeout(30)
+        events.append(("closed" if conn.recv(1) == b"" else "data", time.monotonic()))
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=hold, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        policy = OpenAIPolicy(url, model="m", timeout=0.3, max_retries=1, backoff=0.01)
+        with pytest.raises(PolicyError, match="after 2 attempts: ReadTimeout"):
+            await policy.complete([{"role": "user", "content": "x"}])
+        waiting = OpenAIPolicy(url, model="m", timeout=60, max_retries=0)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(waiting.complete([{"role": "user", "content": "x"}]), 0.3)
+        deadline = time.monotonic() + 30
+        while len(events) < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        server.close()
+    kinds = [k for k, _ in sorted(events, key=lambda e: e[1])]
+    assert kinds == ["request", "closed"] * 3   # each closed before the next request was sent

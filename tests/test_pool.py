@@ -228,3 +228,33 @@ def test_env_cache_reuses_idle_envs_and_closes_every_env_it_made():
     made = list(cache.made)
     cache.close()
     assert all(env.closed for env in made) and cache.made == []
+
+
+def test_a_forced_exit_waits_for_every_start_it_began(terminal_image, docker_client, monkeypatch):
+    """The exit path of a Ctrl-C (``reap_live_pools``) waits for the starts under way, skips the
+    queued ones and then reaps: nothing is left, however long a start takes. A wrapper slows each
+    start past the 5 s the exit path used to wait (a stand-in for a loaded engine)."""
+    import threading
+
+    from containers import pool as pool_module
+
+    began = threading.Event()
+    real = SandboxPool._new_sandbox
+
+    def slow(self):
+        began.set()
+        time.sleep(6)
+        return real(self)
+
+    monkeypatch.setattr(SandboxPool, "_new_sandbox", slow)
+    monkeypatch.setattr(pool_module, "_exiting", False)   # set by the exit path: restored afterwards
+    pool = SandboxPool(terminal_image, size=3, backend="docker", start_workers=1, run_id="pytest-exit-starts")
+    try:
+        assert began.wait(60)
+        pool_module.reap_live_pools()
+        deadline = time.monotonic() + 90
+        while pool._starting and time.monotonic() < deadline:   # starts that outlived the exit path
+            time.sleep(0.1)
+        assert containers.project_containers(docker_client, "pytest-exit-starts") == []
+    finally:
+        containers.reap(docker_client, run_id="pytest-exit-starts")

@@ -209,3 +209,54 @@ def test_end_marker_found_after_any_flood():
     assert c.done()
     text, rc, truncated = c.text()
     assert rc == 7 and truncated and text.startswith("x" * 16) and len(c.late) == 100_000
+
+
+def test_the_protocol_passes_by_names_the_agent_redefines(local_box):
+    """An agent's functions or aliases named eval, read or printf do not reach the protocol; a
+    function named `builtin` (which it cannot pass by) costs one timeout and a restarted shell."""
+    local_box.run("eval() { echo hijacked; }; read() { :; }; printf() { :; }")
+    assert local_box.run("echo one").stdout == "one\n"
+    assert local_box.run("echo two").stdout == "two\n"   # not one command late
+    assert local_box.run("sleep 30", timeout=1).timed_out
+    assert local_box.run("eval x").stdout == "hijacked\n"   # the agent's own function is its business
+    local_box.run("shopt -s expand_aliases; alias eval='echo A' read='echo B' builtin='echo C'")
+    r = local_box.run("echo three; false")
+    assert (r.stdout, r.stderr, r.exit_code) == ("three\n", "", 1)
+    local_box.run("unalias -a")
+    r = local_box.run("builtin() { echo hijacked; }", timeout=1)
+    assert r.shell_restarted
+    assert local_box.run("echo four").stdout == "four\n"
+
+
+def test_set_x_traces_the_commands_not_the_protocol(local_box):
+    local_box.run("cd /tmp; set -x")
+    r = local_box.run("echo hi")
+    assert r.stdout == "hi\n" and r.stderr.endswith(" echo hi\n") and r.stderr.count("\n") == 1, r.stderr
+    local_box.run("set +x -v")
+    r = local_box.run("pwd")
+    assert r.stdout == "/tmp\n" and "\x1e" not in r.stderr and "__ns" not in r.stderr, r.stderr
+    local_box.run("set +v")
+    assert local_box.run("echo quiet").stderr == ""
+
+
+def test_paths_with_a_nul_byte_are_refused_at_once(local_box, tmp_path):
+    for call in (lambda: local_box.write_file("a\x00b", "x"), lambda: local_box.read_file("a\x00b"),
+                 lambda: local_box.copy_in(tmp_path, "a\x00b"), lambda: local_box.copy_out("a\x00b", tmp_path)):
+        with pytest.raises(ValueError, match="NUL byte"):
+            call()
+    r = local_box.run("echo fine")
+    assert r.stdout == "fine\n" and not r.shell_restarted
+
+
+@pytest.mark.docker
+def test_an_oom_kill_says_out_of_memory_and_its_limit(docker_client, terminal_image):
+    with DockerSandbox(SandboxSpec(image=terminal_image, memory="256m"), docker_client,
+                       containers.owner_labels("pytest-sandbox")) as sb:
+        hog = "python3 -c 'x = bytearray(2 ** 30)'"
+        r = sb.run(f"{hog}; echo after", timeout=60)   # a child killed, the command goes on
+        assert r.stdout == "after\n" and "[out of memory (limit 256 MiB)" in r.stderr, r.stderr
+        sb._cgroup = None   # as on a remote engine: the count is read from inside after a 137
+        r = sb.run("sh -c 'kill -9 $$'")
+        assert r.exit_code == 137 and "out of memory" not in r.stderr   # a 137 of another kind
+        r = sb.run(hog, timeout=60)
+        assert r.exit_code == 137 and "[out of memory (limit 256 MiB)" in r.stderr, r.stderr

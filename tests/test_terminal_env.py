@@ -181,8 +181,10 @@ def test_tests_are_hidden_until_grading_and_shell_persists(env: TerminalEnv) -> 
 @pytest.mark.docker
 def test_malformed_actions_never_raise(env: TerminalEnv) -> None:
     env.reset()
+    big = {"name": "write_file", "arguments": {"path": "/app/big", "content": "x" * 300_000}}
     for bad in ["", "ls -la", '<tool_call>{"name": "bash"}</tool_call>', {"oops": 1},
-                call("bash", command=["ls"])]:
+                call("bash", command=["ls"]), call("write_file", path="/app/a\x00b", content="x"),
+                big, {"role": "assistant", "tool_calls": [{"type": "function", "function": big}]}]:
         obs, reward, terminated, truncated, info = env.step(bad)
         assert info["next_state"]["valid"] is False and obs.startswith("Invalid action")
         assert reward == 0.0 and not terminated and not truncated

@@ -16,80 +16,9 @@ configuration is reported on one line with exit code 2.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-import time
-from types import FrameType
 
-INTERRUPT_GRACE = 15.0   # seconds the clean-up after a Ctrl-C may take before the run exits anyway
-
-
-class Interrupt:
-    """Ctrl-C for the command line: one line, exit code 130, no traceback, no sandbox left.
-
-    The first SIGINT unwinds the main thread, so ``finally`` blocks and the trainer's ``close``
-    run: in a running event loop it cancels the loop's tasks (as ``asyncio.run`` does; a
-    KeyboardInterrupt there resurfaces from every task awaiting the one it hit), elsewhere it
-    raises KeyboardInterrupt, but never inside a ``__del__``, where Python would print it and
-    carry on (it comes a moment later instead). Logging below CRITICAL stops: what threads
-    racing the shut-down report is noise by then. If the process still runs
-    ``INTERRUPT_GRACE`` seconds later, or at a second SIGINT, the live pools' sandboxes are
-    reaped and it exits at once.
-    """
-
-    def __init__(self) -> None:
-        self.raised = False
-        self.catching = False   # main() is ready to catch it; before, there is nothing to clean up
-        self._said = threading.Lock()
-
-    def install(self) -> None:
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # `nohup`, `&`: stays ignored
-            signal.signal(signal.SIGINT, self.handler)
-
-    def handler(self, signum: int, frame: FrameType | None) -> None:
-        if not self.catching:   # still importing
-            self.exit_now()
-        if self.raised:
-            threading.Thread(target=self.exit_now, daemon=True).start()
-            return
-        asyncio = sys.modules.get("asyncio")   # no import here: the main thread may be importing it
-        try:
-            loop = asyncio.get_running_loop() if asyncio is not None else None
-        except (RuntimeError, AttributeError):
-            loop = None
-        f = frame
-        while loop is None and f is not None:
-            if f.f_code.co_name == "__del__":
-                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
-                return
-            f = f.f_back
-        self.raised = True
-        logging = sys.modules.get("logging")
-        if hasattr(logging, "disable"):
-            logging.disable(logging.ERROR)
-        threading.Thread(target=self.exit_now, args=(INTERRUPT_GRACE,), daemon=True).start()
-        if loop is None:
-            raise KeyboardInterrupt
-        for task in asyncio.all_tasks(loop):
-            task.cancel()
-        loop.call_soon_threadsafe(lambda: None)   # wake the loop up
-
-    def report(self) -> None:
-        """Say it once, whoever gets here first."""
-        if self._said.acquire(blocking=False):
-            print("interrupted", file=sys.stderr, flush=True)
-
-    def exit_now(self, after: float = 0.0) -> None:
-        time.sleep(after)
-        pool = sys.modules.get("containers.pool")
-        if pool is not None:
-            pool.reap_live_pools()
-        self.report()
-        os._exit(130)
-
-
-INTERRUPT = Interrupt()
+from train.interrupt import INTERRUPT
 if __name__ == "__main__":   # before the slow imports below
     INTERRUPT.install()
 
@@ -104,6 +33,7 @@ from envs import registry  # noqa: E402
 from train.config import Config, ConfigError, load_config  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
+JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -164,6 +94,9 @@ def check_model(name: str) -> None:
     """A local model path must exist and hold an HF config; hub names are checked at load."""
     if name == "tiny":
         return
+    if name.startswith(("http://", "https://")):
+        raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
+                          f"({name}); a server URL can be the judge: --judge {name}")
     path = Path(name).expanduser()
     looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1
     if looks_local and not (path / "config.json").is_file():
@@ -215,6 +148,31 @@ def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
         raise ConfigError(str(e)) from None
 
 
+def probe_judge(url: str, model: str, timeout: float = JUDGE_PROBE_TIMEOUT) -> None:
+    """One real judge request (a short chat completion) at start: a server that answers
+    ``/models`` but not a chat (a wrong ``judge.model``, a URL that is not an OpenAI server)
+    stops the run now, with one line, instead of failing every judge call of the run."""
+    import asyncio
+
+    from agents.openai_policy import OpenAIPolicy
+    from agents.policy import PolicyError
+
+    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=1, request_ids=False,
+                          model_key="judge.model")
+
+    async def ask() -> list[str]:
+        try:
+            return await policy.complete([{"role": "user", "content": "Reply with \\boxed{1}."}],
+                                         n=1, temperature=0.0, max_tokens=8)
+        finally:
+            await policy.aclose()
+    try:
+        asyncio.run(ask())
+    except (PolicyError, OSError) as e:
+        raise ConfigError(f"the judge at {url} (model {model!r}) fails a chat request: {e}; "
+                          "check judge.url and judge.model") from None
+
+
 def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     """The run's config, and whether the CPU demo settings are in use."""
     if args.backend not in ("local", "verl"):
@@ -240,6 +198,7 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
             check_model(model)
     if cfg.judge.mode == "url" and not args.dry_run:
         cfg.judge.model = probe_server(cfg.judge.url or "", cfg.judge.model, "judge.model")
+        probe_judge(cfg.judge.url or "", cfg.judge.model)
     return cfg, demo
 
 

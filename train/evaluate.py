@@ -18,26 +18,37 @@ mean outcome, per-category breakdown) and, for SWE, ``predictions.jsonl`` in
 SWE-bench's format (``instance_id``, ``model_name_or_path``, ``model_patch``),
 which swebench's harness reads; for a model policy, ``rollouts.jsonl`` (every step's prompt,
 action and next state, as training writes it; images as PNG files in ``images/``).
-Prints one summary line.
+Prints one summary line. Ctrl-C stops it as it stops training: one line, exit code 130, no
+sandbox left.
+
+A model policy's requests are bounded by ``--max-response-tokens`` (per action), and a URL policy's by
+``--request-timeout`` and ``--retries``. A request the client gives up on (its timeout) has its
+connection closed, which is how vLLM and SGLang learn to abort it, before any retry is sent.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from pathlib import Path
-from typing import Any, Callable
 
-from tqdm import tqdm
+from train.interrupt import INTERRUPT
+if __name__ == "__main__":   # before the slow imports below
+    INTERRUPT.install()
 
-from agents.chat import ChatConfig
-from envs import env_class, registry
-from envs.base import NextStateEnv, Task, TaskUnsupported
-from envs.pool import EnvCache
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+from tqdm import tqdm  # noqa: E402
+
+from agents.chat import ChatConfig  # noqa: E402
+from envs import env_class, registry  # noqa: E402
+from envs.base import NextStateEnv, Task, TaskUnsupported  # noqa: E402
+from envs.pool import EnvCache  # noqa: E402
 
 ORACLE_KINDS = ("gold", "noop")
 #: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
@@ -59,8 +70,11 @@ def _outcome_row(task: Task, outcome: dict[str, Any] | None, status: str, error:
 
 def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind: str,
                parallel: int) -> list[dict[str, Any]]:
-    """Plays oracle ``kind`` on every task, ``parallel`` envs at once (one per thread)."""
+    """Plays oracle ``kind`` on every task, ``parallel`` envs at once (one per thread). When the
+    caller is interrupted (Ctrl-C), the episodes under way end after their current step, before
+    the envs close, so none starts a sandbox after the clean-up."""
     envs = EnvCache(env_factory)
+    stop = threading.Event()
 
     def one(task: Task) -> dict[str, Any]:
         start, steps, info, terminated = time.monotonic(), 0, {}, False
@@ -69,6 +83,8 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
             env = envs.take()
             env.reset(options={"task": task})
             for action in env.oracle_actions(task, kind):
+                if stop.is_set():
+                    break
                 _, _, terminated, truncated, info = env.step(action)
                 steps += 1
                 if terminated or truncated:
@@ -90,12 +106,15 @@ def run_oracle(env_factory: Callable[[], NextStateEnv], tasks: list[Task], kind:
         return _outcome_row(task, info.get("outcome"), status, error, steps, 0, time.monotonic() - start)
 
     rows = []
+    ex = ThreadPoolExecutor(parallel)
     try:
-        with ThreadPoolExecutor(parallel) as ex, tqdm(total=len(tasks), desc=kind, unit="task") as bar:
+        with tqdm(total=len(tasks), desc=kind, unit="task") as bar:
             for fut in as_completed([ex.submit(one, t) for t in tasks]):
                 rows.append(fut.result())
                 bar.update()
     finally:
+        stop.set()
+        ex.shutdown(wait=True, cancel_futures=True)   # queued tasks never start
         envs.close()
     return rows
 
@@ -106,8 +125,8 @@ def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], polic
     """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`,
     with the prompt shape ``chat`` and the ``sampling`` parameters (temperature, top_p) a trainer
     uses; with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
-    from train.rollout import collect
     from agents.recorder import Recorder
+    from train.rollout import collect
 
     recorder = Recorder(rollouts) if rollouts else None
     try:
@@ -159,11 +178,13 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
              output: str | Path, max_steps: int | None = None, model: str | None = None,
              ids: list[str] | None = None, backend: str = "auto",
              env_kwargs: dict[str, Any] | None = None, chat: ChatConfig | None = None,
-             sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+             sampling: dict[str, Any] | None = None, policy_kwargs: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
     """Runs the evaluation and writes its files; returns the report.
 
     ``policy``: ``"gold"``, ``"noop"``, a :func:`~agents.make_policy` string
-    or a :class:`~agents.policy.Policy`. ``ids`` restricts the run to these task ids.
+    (made with ``policy_kwargs``: a URL policy's ``timeout``, ``max_retries``) or a
+    :class:`~agents.policy.Policy`. ``ids`` restricts the run to these task ids.
     ``chat`` and ``sampling``: a model policy's prompt shape and sampling (see :func:`run_policy`).
     """
     env_cls = env_class(family)
@@ -195,7 +216,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
         else:
             if isinstance(policy, str):
                 from agents import make_policy
-                policy = make_policy(policy, **({"model": model} if model else {}))
+                policy = make_policy(policy, **({"model": model} if model else {}), **(policy_kwargs or {}))
             rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl",
                               chat=chat, sampling=sampling)
     finally:
@@ -269,6 +290,16 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in ("max_response_tokens", "max_context_tokens"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be positive, got {args.request_timeout}")
+    if args.retries is not None and args.retries < 0:
+        raise ValueError(f"--retries must be at least 0, got {args.retries}")
+    url = args.policy.startswith(("http://", "https://"))
+    if not url and (args.request_timeout is not None or args.retries is not None):
+        raise ValueError("--request-timeout and --retries bound a URL policy's requests; "
+                         f"--policy {args.policy} makes none")
+    if args.max_response_tokens is not None and args.policy in ORACLE_KINDS:
+        raise ValueError(f"--max-response-tokens bounds a model policy's actions; --policy {args.policy} has no model")
     if args.model and args.model.startswith(("http://", "https://")):
         raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
                          "give the URL as --policy")
@@ -301,8 +332,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="no system turn and no tool list, as rollout.system_prompt=false (the CPU demo)")
     p.add_argument("--max-response-tokens", type=int, help="tokens per action (rollout.max_response_tokens)")
     p.add_argument("--max-context-tokens", type=int, help="prompt plus action budget (rollout.max_context_tokens)")
+    p.add_argument("--request-timeout", type=float,
+                   help="seconds before a URL policy's request is given up (and its connection closed; default 300)")
+    p.add_argument("--retries", type=int, help="retries of a URL policy's failed request (default 4)")
     args = p.parse_args(argv)
+    policy_kwargs = {k: v for k, v in (("timeout", args.request_timeout), ("max_retries", args.retries))
+                     if v is not None}
     try:
+        INTERRUPT.catching = True
         check_args(args)
         chat = ChatConfig(**{k: v for k, v in (("context_tokens", args.max_context_tokens),
                                                ("max_response_tokens", args.max_response_tokens)) if v},
@@ -312,10 +349,16 @@ def main(argv: list[str] | None = None) -> int:
                           max_steps=args.max_steps, model=args.model, backend=args.backend,
                           ids=args.ids.split(",") if args.ids else None,
                           env_kwargs=({"grade_network": args.grade_network == "on"}
-                                      if args.grade_network else None), chat=chat, sampling=sampling)
+                                      if args.grade_network else None), chat=chat, sampling=sampling,
+                          policy_kwargs=policy_kwargs)
     except (ValueError, OSError, RuntimeError) as e:  # bad tasks or flags, no Docker engine
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:   # the latter: an interrupted event loop
+        if isinstance(e, asyncio.CancelledError) and not INTERRUPT.raised:
+            raise
+        INTERRUPT.report()
+        return 130
     print(summary_line(report, args.output))
     failed = failure(report)
     if failed:

@@ -97,6 +97,16 @@ async def overlapped_loop(start: int, total: int, staleness: int, rollout: Rollo
         await loop.run_in_executor(None, trainer.shutdown)
 
 
+def judge_failed_everywhere(trajectories: list[Trajectory]) -> str | None:
+    """Why a run must stop when its judge failed on every step of a training step (a wrong
+    ``judge.model``, a server that cannot judge): one line, else None."""
+    errors = [s.judge_error for t in trajectories for s in t.steps]
+    if not errors or any(e is None for e in errors):
+        return None
+    return (f"the judge failed on all {len(errors)} steps of the first training step "
+            f"(first error: {str(errors[0])[:300]}); check judge.url and judge.model")
+
+
 @dataclass
 class Member:
     """One trained policy of a run: the roles it plays, its serving policy and its learner."""
@@ -220,7 +230,10 @@ class LocalTrainer:
 
     def train(self, step: int, trajectories: list[Trajectory]) -> dict[str, Any]:
         """Advantages, one update per policy on the steps of its roles, weights to the serving
-        models, held-out evaluation when due (learner thread)."""
+        models, held-out evaluation when due (learner thread). A first step whose every judge
+        call failed stops the run."""
+        if step == self.start and (failed := judge_failed_everywhere(trajectories)):
+            raise ConfigError(failed)
         metrics: dict[str, Any] = {}
         for m in self.members:
             batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight, role=m.roles,

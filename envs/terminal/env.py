@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from containers.sandbox import CommandResult, Sandbox, SandboxError
-from envs.actions import ToolCall, tool_schema
+from envs.actions import ActionError, ToolCall, tool_schema
 from envs.base import NextStateEnv, Outcome, Task, ToolResult
 from envs.terminal import outdir, procedural
 from envs.terminal.formats import BUILTIN_TASKS, DEFAULT_RUN_TESTS, TEST_DIR, load_terminal_tasks, task_image
@@ -349,6 +349,8 @@ class TerminalEnv(NextStateEnv):
         if call.name == "write_file":
             try:
                 self.sandbox.write_file(args["path"], args["content"])
+            except ValueError as e:   # a path bash cannot hold
+                raise ActionError(f"{str(e)[0].upper()}{str(e)[1:]}.") from None
             except SandboxError as e:
                 if not self.sandbox.is_alive():
                     raise
