@@ -228,7 +228,7 @@ def test_osworld_chrome_task_graded_over_cdp(env):
     task_id = "password-manager"
     assert env.skip_reason(env._by_id[task_id]) is None
     env.reset(options={"task": task_id})
-    assert env.step("DONE")[1] == 0.0  # doing nothing leaves the new-tab page
+    assert env.step("DONE")[1] == -1.0  # doing nothing leaves the new-tab page
     env.reset(options={"task": task_id})
     env.step({"action_type": "HOTKEY", "keys": ["ctrl", "l"]})
     env.step({"action_type": "TYPING", "text": "chrome://password-manager/passwords\n"})
@@ -264,7 +264,7 @@ def test_osworld_config_steps_tabs_and_files(env, tmp_path):
     assert task.data["skip"] is None
     env.reset(options={"task": task})
     assert [t["url"] for t in env.desktop.client.tabs()][-1] == page.format("b")
-    assert env.step("DONE")[1] == 0.0  # tab c is still closed
+    assert env.step("DONE")[1] == -1.0  # tab c is still closed
     env.reset(options={"task": task})
     env.step({"action_type": "HOTKEY", "keys": ["ctrl", "shift", "t"]})
     _, reward, done, _, info = env.step("DONE")
