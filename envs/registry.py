@@ -111,6 +111,16 @@ def resolve(ref: str) -> str:
     return name
 
 
+def lazy_names(module: str) -> Callable[[str], Any]:
+    """A family package's ``__getattr__``: the names of ``module`` (its env module), imported on
+    first use, so that registering the family loads no env module."""
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module(module), name)
+    return __getattr__
+
+
 def names() -> list[str]:
     """The registered family names, in registration order."""
     return list(_FAMILIES)

@@ -7,9 +7,6 @@ accessibility tree.
 The env module's names are importable from here, loaded on first use.
 """
 
-import importlib
-from typing import Any
-
 from envs import registry
 
 registry.register(
@@ -18,9 +15,4 @@ registry.register(
           "act on it with one tool call per answer.")
 
 
-def __getattr__(name: str) -> Any:
-    """The env module's names (``GUIEnv`` ...), imported on first use, so
-    registering the family loads no env module."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module("envs.gui.env"), name)
+__getattr__ = registry.lazy_names("envs.gui.env")

@@ -2,9 +2,6 @@
 between them; :mod:`~envs.relay.env` says how it plays. The env module's names are importable
 from here, loaded on first use."""
 
-import importlib
-from typing import Any
-
 from envs import registry
 
 registry.register(
@@ -14,8 +11,4 @@ registry.register(
           "things. Use your tools, one tool call per answer.")
 
 
-def __getattr__(name: str) -> Any:
-    """The env module's names (``RelayEnv`` ...), imported on first use."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module("envs.relay.env"), name)
+__getattr__ = registry.lazy_names("envs.relay.env")

@@ -7,9 +7,6 @@ instance images (``python -m containers build-swe``). ``tasks/`` holds the offli
 The env module's names are importable from here, loaded on first use.
 """
 
-import importlib
-from typing import Any
-
 from envs import registry
 
 registry.register(
@@ -20,9 +17,4 @@ registry.register(
           "call per answer.")
 
 
-def __getattr__(name: str) -> Any:
-    """The env module's names (``SWEEnv`` ...), imported on first use, so
-    registering the family loads no env module."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module("envs.swe.env"), name)
+__getattr__ = registry.lazy_names("envs.swe.env")

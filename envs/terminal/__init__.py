@@ -6,9 +6,6 @@ holds the built-in tasks. The env module's names are importable from here
 (``from envs.terminal import TerminalEnv``), loaded on first use.
 """
 
-import importlib
-from typing import Any
-
 from envs import registry
 
 registry.register(
@@ -18,9 +15,4 @@ registry.register(
           "shell commands, one tool call per answer, and look at each result before the next step.")
 
 
-def __getattr__(name: str) -> Any:
-    """The env module's names (``TerminalEnv`` ...), imported on first use, so
-    registering the family loads no env module."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module("envs.terminal.env"), name)
+__getattr__ = registry.lazy_names("envs.terminal.env")

@@ -3,9 +3,6 @@ math-verify equivalence. :mod:`~envs.toolcall.env` is the env; ``tasks/`` holds 
 The env module's names are importable from here, loaded on first use.
 """
 
-import importlib
-from typing import Any
-
 from envs import registry
 
 registry.register(
@@ -15,9 +12,4 @@ registry.register(
           "one tool call per answer, and answers when done.")
 
 
-def __getattr__(name: str) -> Any:
-    """The env module's names (``ToolCallEnv`` ...), imported on first use, so
-    registering the family loads no env module."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(importlib.import_module("envs.toolcall.env"), name)
+__getattr__ = registry.lazy_names("envs.toolcall.env")
