@@ -125,7 +125,8 @@ class AECEnv(pettingzoo.AECEnv):
             played by several ``roles`` that a ``router`` picks from (they share the history).
         roles: the agents of a single-agent env (default: ``["agent"]``).
         router: ``router(step_index) -> role`` for a single-agent env (default: round robin).
-        tasks: passed to ``env.reset(options={"task": ...})`` in turn (default: the env's draw).
+
+    ``reset(options={"task": t})`` plays task ``t`` (a Task or an id); without it the env draws one.
     """
 
     metadata = {"name": "nextstate_aec_v0", "render_modes": ["ansi"], "is_parallelizable": False}
