@@ -235,6 +235,8 @@ class LocalTrainer:
         if step == self.start and (failed := judge_failed_everywhere(trajectories)):
             raise ConfigError(failed)
         metrics: dict[str, Any] = {}
+        team = rollout_metrics(trajectories) if self.several else {}   # the team's episodes, once
+        metrics.update(team)
         for m in self.members:
             batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight, role=m.roles,
                                 opd=self.cfg.opd, seed=self.cfg.run.seed * 100003 + step)
@@ -247,8 +249,6 @@ class LocalTrainer:
             if not self.several:
                 metrics.update(own)
                 continue
-            team = rollout_metrics(trajectories)   # the team's episodes: the same for every policy
-            metrics.update(team)
             metrics.update({f"{m.name}/{k}": v for k, v in own.items() if k not in team})
             mine = [s for t in trajectories if t.status != "aborted" for s in t.steps if s.role in m.roles]
             metrics[f"{m.name}/valid_action_rate"] = (
@@ -279,10 +279,8 @@ class LocalTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint after ``step`` updates (the next step to run is ``step``)."""
         meta = {"data_position": step * self.cfg.rollout.tasks_per_step, "config": self.cfg.to_dict()}
-        parts = {m.name: (m.learner.model, m.policy.tokenizer, m.learner.optimizer.state_dict()) for m in self.members}
-        if not self.several:
-            return checkpoint.save(self.output, step, *parts[self.members[0].name], meta,
-                                   keep=self.cfg.run.keep_checkpoints)
+        parts = {(m.name if self.several else ""): (m.learner.model, m.policy.tokenizer,
+                                                      m.learner.optimizer.state_dict()) for m in self.members}
         return checkpoint.save(self.output, step, None, None, None, meta, keep=self.cfg.run.keep_checkpoints,
                                members=parts)
 
