@@ -25,7 +25,12 @@ from train.verl_backend import RUN_ENV
 
 def run_processes(run_id: str) -> list[int]:
     """Pids (other than this one) on this host whose environment carries the run id."""
-    marker = f"{RUN_ENV}={run_id}".encode()
+    return processes_with(f"{RUN_ENV}={run_id}")
+
+
+def processes_with(variable: str) -> list[int]:
+    """Pids (other than this one) on this host whose environment holds ``NAME=value``."""
+    marker = variable.encode()
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
