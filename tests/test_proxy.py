@@ -480,3 +480,31 @@ def test_mini_swe_agent_trains_through_the_proxy(tmp_path, monkeypatch):
     assert result["exit_status"] in ("LimitsExceeded", "Submitted", "RepeatedFormatError")
     assert trainer.steps == sum(v != 0 for v in votes) >= 1   # --batch 1: a step per non-zero vote
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+
+
+# -- the CPU demo's agent, briefly ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.docker
+def test_proxy_agent_plays_reports_outcomes_and_trains(tmp_path):
+    """bench.proxy_agent end to end, briefly: the stand-alone agent (the ``openai`` SDK and a
+    sandbox) plays 4 training and 2 x 2 held-out episodes against ``python -m train.proxy``
+    (the untrained tiny model: no learning is expected, only the plumbing)."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.tiny import load_tiny
+    proc = subprocess.run([sys.executable, "-m", "bench.proxy_agent", "--output", str(tmp_path), "--model", "tiny",
+                           "--episodes", "4", "--eval-every", "4", "--heldout", "2", "--parallel", "2", "--batch", "2",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [e["train_episodes"] for e in result["evals"]] == [0, 4] and result["proxy_turns"]["side"] >= 4
+    run = tmp_path / "proxy"
+    trajectories = records(run, "trajectory")
+    assert len(trajectories) == 4 and all(t["outcome"] in (-1.0, 1.0) for t in trajectories)
+    assert all(t["group_id"].startswith("train-") for t in trajectories)   # held-out turns are never sessions
+    assert result["trained_steps"] >= 1
+    saved = sorted((run / "checkpoints").glob("step_*"))[-1] / "model"
+    trained = AutoModelForCausalLM.from_pretrained(saved)
+    initial, _ = load_tiny(0)
+    assert any(not torch.equal(a, b) for a, b in zip(initial.state_dict().values(), trained.state_dict().values()))

@@ -17,11 +17,17 @@ pointed at it becomes a source of training data:
   (:func:`judges.rules.text_state`: an error or a non-zero exit -1, success +1, else 0), an LLM
   (the policy itself, or a URL), or none. A session's last turn has no next state: it gets the
   outcome the client reports with ``POST /v1/sessions/{id}/outcome``, else no vote.
-* **Training** (binary RL): the advantage of a turn is its vote (the majority of ``m``), or the
-  outcome for a last turn; turns with advantage 0 carry no signal and are dropped. Every
-  ``--batch`` such turns, one PPO step (:class:`train.learner.Learner`) runs in a background
-  thread; the new weights are copied into the serving model between two generation batches, and
-  requests that arrive meanwhile wait in the batcher's queue (none is refused).
+* **Training**: the reward of a turn is its vote (the majority of ``m``), or the outcome for a
+  last turn; with ``--wait-outcome`` every turn waits for its session's outcome and gets
+  ``outcome + vote``. ``--mode rl`` (binary RL): the advantage is the reward, and turns with 0
+  are dropped; ``opd``: only turns the hint source hinted train, with the teacher's token-level
+  advantages in the turn's prompt plus the hint (:mod:`judges.hints`, scored by
+  :meth:`train.learner.Learner.score_teacher`); ``combine``: both. Every ``--batch`` such turns,
+  one PPO step runs in a background thread; the new weights are copied into the serving model
+  between two generation batches, and requests that arrive meanwhile wait in the batcher's queue
+  (none is refused).
+* **Concurrency**: two requests on one named session at once make two branches (trajectories);
+  a streaming client that disconnects cancels its generation, and its turn is recorded aborted.
 * **Records**: ``rollouts.jsonl`` (one episode per session, the env loop's schema, so
   ``python -m train.view DIR`` shows them), ``advantages.jsonl``, ``metrics.jsonl``,
   ``curves.png``, ``checkpoints/``. Every response carries ``X-Policy-Version`` (and
