@@ -534,11 +534,6 @@ def make_app(proxy: TrainingProxy) -> Any:
             status, "invalid_request_error" if status < 500 else "server_error")
         return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
-    def authorized(request: Request) -> bool:
-        if not proxy.api_key:
-            return True
-        return request.headers.get("authorization", "") == f"Bearer {proxy.api_key}"
-
     async def body_of(request: Request) -> bytes:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > proxy.max_body_bytes:
@@ -550,11 +545,9 @@ def make_app(proxy: TrainingProxy) -> Any:
                 raise BadRequest(f"the body is over the limit of {proxy.max_body_bytes} bytes", 413)
         return bytes(data)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if not authorized(request):
-            return error("missing or wrong bearer key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
+    if proxy.api_key:
+        app.add_middleware(_BearerKey, key=proxy.api_key,
+                           refuse=error("missing or wrong bearer key (Authorization: Bearer <key>)", 401))
 
     @app.get("/v1/models")
     async def models() -> Any:
@@ -626,6 +619,20 @@ def make_app(proxy: TrainingProxy) -> Any:
                        headers={**headers, "X-Policy-Version": str(version), "Cache-Control": "no-cache"})
 
     return app
+
+
+class _BearerKey:
+    """ASGI middleware that answers ``refuse`` to a request without ``Authorization: Bearer <key>``
+    (plain ASGI: Starlette's ``BaseHTTPMiddleware`` costs every request a task group and streams)."""
+
+    def __init__(self, app: Any, key: str, refuse: JSONResponse):
+        self.app, self.expected, self.refuse = app, f"Bearer {key}".encode(), refuse
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != self.expected:
+            await self.refuse(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class _Stream(StreamingResponse):
