@@ -279,12 +279,13 @@ class SandboxPool:
 
     # -- leasing ----------------------------------------------------------------
     def _take_ready(self) -> Sandbox | None:
+        down = self._unreachable is not None and not self._engine_answers()   # back: wait for a start
         with self._lock:
             if self._closed:
                 raise PoolClosed("the sandbox pool is closed")
             if self._fatal is not None and not self._ready:
                 raise SandboxConfigError(str(self._fatal))
-            if self._unreachable is not None and not self._ready:
+            if down and self._unreachable is not None and not self._ready:
                 raise SandboxError(self._unreachable)
             if self._ready:
                 sb = self._ready.popleft()
