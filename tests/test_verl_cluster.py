@@ -317,7 +317,7 @@ def test_two_nodes_each_on_its_own_engine_reaped_merged_and_surviving_an_engine_
     cfg = load_config("toolcall", cpu_demo=True, overrides=[
         "env.sandbox_backend=docker", "env.max_steps=2", "judge.mode=none", "rollout.max_response_tokens=128",
         "rollout.max_context_tokens=4096", "rollout.parallel=4", f"run.output={output}", "verl.agent_workers=2",
-        "verl.n_gpus_per_node=1"])
+        "verl.n_gpus_per_node=1", "verl.device=gpu"])   # a GPU cluster's settings: as many agent-loop workers as asked
     tasks = [t.id for t in load_tasks(cfg)]
     config = compose(cfg, len(tasks))
     run_env = dict(config.ray_kwargs.ray_init.runtime_env.env_vars)     # what the launcher hands veRL's workers
