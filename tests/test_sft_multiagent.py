@@ -90,15 +90,15 @@ def test_a_run_with_agents_warm_starts_one_model_per_role(tmp_path, terminal_ima
     from train.sft import warm_starts
 
     cfg = load_config("relay", cpu_demo=True, overrides=[
-        "agents.reader=tiny", "agents.writer=tiny", "sft.tasks=relay:0:8", "sft.steps=2", "rollout.parallel=2"])
+        "agents.reader=tiny", "agents.writer=tiny", "sft.tasks=relay:0:4", "sft.steps=2", "rollout.parallel=2"])
     starts = warm_starts(cfg, tmp_path, progress=False)
     assert starts == {"reader": str(tmp_path / "reader"), "writer": str(tmp_path / "writer")}
     for role in ("reader", "writer"):
         summary = json.loads((tmp_path / role / "sft.json").read_text())
-        assert summary["roles"] == [role] and summary["source"] == "hasty" and summary["examples"] >= 8
+        assert summary["roles"] == [role] and summary["source"] == "hasty" and summary["examples"] >= 4
         assert (tmp_path / role / "model.safetensors").is_file()
     assert warm_starts(cfg, tmp_path, progress=False) == starts   # made once, then reused
-    shared = load_config("relay", cpu_demo=True, overrides=["sft.tasks=relay:0:8", "sft.steps=2", "rollout.parallel=2"])
+    shared = load_config("relay", cpu_demo=True, overrides=["sft.tasks=relay:0:4", "sft.steps=2", "rollout.parallel=2"])
     one = warm_starts(shared, tmp_path / "shared", progress=False)
     assert one == {"reader+writer": str(tmp_path / "shared")}
     summary = json.loads((tmp_path / "shared" / "sft.json").read_text())
