@@ -53,19 +53,12 @@ log = logging.getLogger(__name__)
 @dataclass
 class Example:
     """One step to imitate: the chat messages before it, the action text the agent wrote, the
-    role that wrote it, and the tools its prompt renders (``None`` when not known: a prompt
-    with a system turn then renders the family's tools)."""
+    role that wrote it, and the tools its prompt renders (as the agent loop passed them)."""
 
     messages: list[dict]
     text: str
     role: str = "agent"
     tools: list[dict] | None = None
-
-    def prompt_tools(self, default: list[dict] | None) -> list[dict] | None:
-        """The tools to render with :attr:`messages`."""
-        if self.tools is not None:
-            return self.tools
-        return default if self.messages and self.messages[0].get("role") == "system" else None
 
 
 def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0,
@@ -166,7 +159,7 @@ def oracle_examples(env_factory: Callable[[], Any], tasks: list[Any], policy: An
     return [ex for ep in episodes for ex in ep]
 
 
-def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *, steps: int, lr: float,
+def fine_tune(policy: Any, examples: list[Example], *, steps: int, lr: float,
               batch_size: int, seed: int = 0, progress: bool = True) -> list[float]:
     """``steps`` AdamW updates of token-mean cross-entropy on the examples' responses (in place
     on ``policy.model``); returns the loss of every step."""
@@ -179,8 +172,7 @@ def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *,
     if not examples:
         raise ValueError("no successful trajectories to fine-tune on")
     tok = policy.tokenizer
-    kw_tools = tools if policy.renders_tools else None
-    samples = [Sample(policy.prompt_ids(ex.messages, ex.prompt_tools(kw_tools)),
+    samples = [Sample(policy.prompt_ids(ex.messages, ex.tools),
                       tok.encode(ex.text, add_special_tokens=False),
                       [], 0.0, 0.0) for ex in examples]
     samples = [s for s in samples if s.response_ids]
@@ -231,18 +223,23 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
     """Collect the examples of ``roles`` (default: every agent of the family), fine-tune ``model``
     on them, save it to ``output``; returns the run's summary."""
     from agents.hf_policy import HFPolicy
+    from envs.multiagent import MultiAgentEnv
 
     chat = chat or ChatConfig()
     cls = env_class(env)
-    family_roles = tuple(getattr(cls, "possible_agents", None) or ("agent",))
+    multi = issubclass(cls, MultiAgentEnv)
+    family_roles = tuple(cls.possible_agents) if multi else ("agent",)
     roles = roles or family_roles
     if unknown := sorted(set(roles) - set(family_roles)):
         raise ValueError(f"{env} has no role {unknown[0]!r} (its roles: {', '.join(family_roles)})")
     policy = HFPolicy(model, seed=seed)
     try:
         examples: list[Example] = []
-        if rollouts:
-            examples += examples_from_rollouts(rollouts, min_outcome, roles)
+        if rollouts:   # a recorded prompt with a system turn rendered its role's tools, if the policy could
+            for ex in examples_from_rollouts(rollouts, min_outcome, roles):
+                system = bool(ex.messages) and ex.messages[0].get("role") == "system"
+                ex.tools = (cls.agent_tools[ex.role] if multi else cls.tools) if system and policy.renders_tools else None
+                examples.append(ex)
         if tasks:
             pool = cls.make_pool(parallel)
             try:
@@ -252,7 +249,7 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
                              if ex.role in roles]
             finally:
                 pool.close()
-        losses = fine_tune(policy, examples, cls.tools, steps=steps, lr=lr, batch_size=batch_size,
+        losses = fine_tune(policy, examples, steps=steps, lr=lr, batch_size=batch_size,
                            seed=seed, progress=progress)
         summary = {"model": model, "env": env, "tasks": tasks, "source": source, "rollouts": rollouts,
                    "roles": list(roles), "examples": len(examples),
