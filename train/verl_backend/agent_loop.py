@@ -233,10 +233,10 @@ class NextStateAgentLoop(AgentLoopBase):
         res = episode_resources(json.dumps(settings, sort_keys=True), int(self.rollout_config.agent.num_workers))
         extra = kwargs.get("extra_info") or {}
         task = res.tasks[extra["task_id"]]
-        policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
         def server_policy() -> ServerPolicy:
             return ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
 
+        policy = server_policy()
         judge, hinter = res.judge(server_policy), res.hinter(server_policy)
         chat = chat_config(cfg)     # the local path's prompt shape, budget and stop strings
         env = await res.envs.atake(res.executor)
