@@ -246,7 +246,6 @@ async def test_an_outdir_episode_gets_its_failure_as_hint_and_a_teacher_context(
 
 
 def test_opd_settings_are_checked():
-    from train.__main__ import build_config, parse_args
     from train.config import ConfigError
 
     assert load_config("terminal").opd.mode == "rl"   # the default trains as before
