@@ -123,7 +123,7 @@ def test_one_verl_opd_step_scores_hinted_steps_in_their_teacher_context(tmp_path
             [sys.executable, "-m", "train", "--env", "terminal", "--backend", "verl", "--model", "tiny",
              "--steps", "1", "--output", str(out_dir), "--judge", judge.url,
              "env.tasks=outdir:train", "env.max_steps=2", "rollout.tasks_per_step=2", "rollout.samples_per_task=2",
-             "rollout.max_response_tokens=16", "opd.mode=combine", "opd.hint_source=rules",
+             "rollout.max_response_tokens=16", "sft.steps=0", "opd.mode=combine", "opd.hint_source=rules",
              "opd.teacher=reference", "opd.weight_rl=0.5", "opd.weight_opd=2.0"],
             cwd=REPO, capture_output=True, text=True, timeout=1500,
             env={**os.environ, "PYTHONPATH": str(REPO)})
