@@ -85,7 +85,6 @@ def test_each_roles_examples_are_its_own_view_as_the_agent_loop_builds_it(tmp_pa
 
 
 @pytest.mark.docker
-@pytest.mark.slow   # three small warm starts: 2-3 minutes on the loaded 2-core machine
 def test_a_run_with_agents_warm_starts_one_model_per_role(tmp_path, terminal_image):
     from train.config import load_config
     from train.sft import warm_starts
