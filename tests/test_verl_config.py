@@ -192,3 +192,17 @@ def test_a_run_with_an_sft_section_trains_from_its_warm_start(tmp_path):
                                                             "sft.tasks=procedural:0:8", "verl.device=cpu"])
     config = compose(cfg, n_tasks=4)
     assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "warm_start")   # the local run's too
+
+
+def test_opd_with_the_reference_as_teacher_gets_veRLs_reference_worker_even_without_kl(tmp_path):
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    def composed(*over):
+        cfg = load_config("terminal", cpu_demo=True, overrides=[f"run.output={tmp_path}", "train.kl_coef=0", *over])
+        return compose(cfg, n_tasks=4)
+
+    teacher = composed("opd.mode=combine", "opd.teacher=reference")
+    assert need_reference_policy(teacher) and teacher.actor_rollout_ref.actor.kl_loss_coef == 0
+    assert not need_reference_policy(composed())                                   # rl, no KL: none
+    assert not need_reference_policy(composed("opd.mode=opd", "opd.teacher=policy"))   # the actor scores
+    assert teacher.nextstate.opd.mode == "combine"        # the agent loop and trainer mode read it here

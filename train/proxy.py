@@ -749,6 +749,16 @@ def build(args: argparse.Namespace) -> TrainingProxy:
                          max_tokens=args.max_tokens, max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
 
 
+def server_config(proxy: TrainingProxy, host: str, port: int) -> "uvicorn.Config":
+    """uvicorn's settings for the proxy. Idle keep-alive connections are kept for 75 s, longer
+    than clients keep them (httpx, and so the ``openai`` SDK: 5 s): with uvicorn's own 5 s both
+    ends close at the same moment, and a request sent on a connection the server is closing
+    fails with "Server disconnected" (a client with ``max_retries=0`` sees a connection error)."""
+    import uvicorn
+
+    return uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning", timeout_keep_alive=75)
+
+
 @contextlib.contextmanager
 def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """The proxy served by uvicorn in a background thread (``port`` 0: a free one); yields the
@@ -756,7 +766,7 @@ def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Ite
     the proxy."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(proxy, host, port))
     thread = threading.Thread(target=server.run, daemon=True, name="proxy-server")
     thread.start()
     while not server.started:
@@ -775,7 +785,7 @@ def serve(proxy: TrainingProxy, host: str, port: int) -> int:
     """Run the server until Ctrl-C (returns 130) or shutdown (0); the app saves on the way out."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(proxy, host, port))
     try:
         server.run()   # on a signal: graceful shutdown (the app's lifespan saves), then the signal again
     except KeyboardInterrupt:
