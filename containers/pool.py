@@ -7,6 +7,9 @@ away and starts a fresh one in the background, so nothing an episode did can
 leak into the next. A monitor thread replaces sandboxes that die while idle
 (a container killed from outside); a leased sandbox that dies raises
 :class:`~containers.sandbox.SandboxError` in its holder's ``run`` instead of hanging.
+While no engine of the pool answers (its ``dockerd`` died), leases fail at once with
+:class:`~containers.sandbox.SandboxError` rather than wait out their timeout; the pool keeps
+trying to start sandboxes and serves leases again when an engine is back.
 
 Every container carries the project's labels (run id, owner pid, host), so the
 leftovers of a run that died, even by SIGKILL, are removed by
@@ -104,6 +107,7 @@ class SandboxPool:
         self._failures: collections.deque[str] = collections.deque(maxlen=5)
         self._closed = False
         self._fatal: SandboxConfigError | None = None  # set when sandboxes cannot start as specified
+        self._unreachable: str | None = None  # why no engine answers, while none does
         self._clients: list[Any] = []
         self._per_client: collections.Counter[int] = collections.Counter()
         if self.backend == "docker":
@@ -205,15 +209,20 @@ class SandboxPool:
         except Exception as e:
             log.error("could not start a sandbox: %s", e)
             self._failures.append(str(e))
+            fatal = isinstance(e, SandboxConfigError)
+            down = not fatal and not self._engine_answers()
             with self._lock:
                 self._starting -= 1
-                if isinstance(e, SandboxConfigError):  # no retry can help: fail the waiting leases now
+                if fatal:  # no retry can help: fail the waiting leases now
                     self._fatal = e
-                    waiters = list(self._waiters)
+                if down:   # fail the waiting leases now, keep trying to start below
+                    self._unreachable = f"no Docker engine of the pool answers: {e}"
+                waiters = list(self._waiters) if fatal or down else []
+                if waiters:
                     self._waiters.clear()
-            if isinstance(e, SandboxConfigError):
-                for w in waiters:
-                    w(None)
+            for w in waiters:
+                w(None)
+            if fatal:
                 return
             if not self._closed:
                 time.sleep(min(5.0, 0.5 * len(self._failures)))
@@ -221,8 +230,29 @@ class SandboxPool:
             return
         with self._lock:
             self._starting -= 1
+            self._unreachable = None
         self._failures.clear()
         self._put_ready(sb)
+
+    def _engine_answers(self) -> bool:
+        """Whether some engine of the pool answers a ping (always, for the local backend)."""
+        if self.backend == "local":
+            return True
+        for client in self._clients:
+            try:
+                client.ping()
+                return True
+            except Exception:  # noqa: BLE001 - refused, timed out, gone: no answer
+                continue
+        return False
+
+    def _no_sandbox(self) -> Exception:
+        """Why a waiting lease got none: a config error, no engine answering, or the pool closed."""
+        if self._fatal is not None:
+            return SandboxConfigError(str(self._fatal))
+        if self._unreachable is not None:
+            return SandboxError(self._unreachable)
+        return PoolClosed("the sandbox pool was closed while waiting")
 
     def _put_ready(self, sb: Sandbox) -> None:
         with self._lock:
@@ -249,11 +279,14 @@ class SandboxPool:
 
     # -- leasing ----------------------------------------------------------------
     def _take_ready(self) -> Sandbox | None:
+        down = self._unreachable is not None and not self._engine_answers()   # back: wait for a start
         with self._lock:
             if self._closed:
                 raise PoolClosed("the sandbox pool is closed")
             if self._fatal is not None and not self._ready:
                 raise SandboxConfigError(str(self._fatal))
+            if down and self._unreachable is not None and not self._ready:
+                raise SandboxError(self._unreachable)
             if self._ready:
                 sb = self._ready.popleft()
                 self._leased.add(sb)
@@ -289,9 +322,7 @@ class SandboxPool:
                     event.set()
                     raise PoolTimeout(self._timeout_message(timeout))
         if not got:
-            if self._fatal is not None:
-                raise SandboxConfigError(str(self._fatal))
-            raise PoolClosed("the sandbox pool was closed while waiting")
+            raise self._no_sandbox()
         return got[0]
 
     async def alease(self, timeout: float | None = None) -> Sandbox:
@@ -305,8 +336,7 @@ class SandboxPool:
         def deliver(s: Sandbox | None) -> None:
             if s is None:
                 if not fut.done():
-                    fut.set_exception(SandboxConfigError(str(self._fatal)) if self._fatal is not None
-                                      else PoolClosed("the sandbox pool was closed while waiting"))
+                    fut.set_exception(self._no_sandbox())
             elif fut.done():  # cancelled meanwhile: give it back
                 with self._lock:
                     self._leased.discard(s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -258,3 +259,80 @@ def test_a_forced_exit_waits_for_every_start_it_began(terminal_image, docker_cli
         assert containers.project_containers(docker_client, "pytest-exit-starts") == []
     finally:
         containers.reap(docker_client, run_id="pytest-exit-starts")
+
+
+class EngineDoor:
+    """A Unix socket that forwards to the host's Docker engine, bytes both ways: a pool on it sees
+    the real engine, and :meth:`close` makes that engine vanish for it (refused connections,
+    broken streams) the way a dead ``dockerd`` does, without touching the engine itself."""
+
+    def __init__(self, path: Path, engine: str = "/var/run/docker.sock"):
+        import socket
+        import threading
+        self.path, self.engine = path, engine
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(str(path))
+        self.listener.listen(64)
+        self.conns: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.engine)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self.conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(2)
+
+
+def test_engine_that_stops_answering_fails_leases_at_once_and_the_pool_recovers(terminal_image, tmp_path):
+    """While no engine of the pool answers, a lease raises SandboxError at once (not after its
+    timeout) and a leased sandbox's command raises too; when the engine answers again, so does the pool."""
+    if not Path("/var/run/docker.sock").exists() or os.environ.get("DOCKER_HOST"):
+        pytest.skip("forwards to the local engine's socket")
+    sock = tmp_path / "engine.sock"
+    door = EngineDoor(sock)
+    pool = SandboxPool(terminal_image, size=1, backend="docker", hosts=[f"unix://{sock}"])
+    try:
+        pool.wait_ready(120)
+        held = pool.lease(timeout=5)
+        door.close()
+        with pytest.raises(SandboxError):
+            held.run("echo hi")
+        pool.release(held)
+        started = time.monotonic()
+        with pytest.raises(SandboxError, match="no Docker engine of the pool answers"):
+            pool.lease(timeout=120)
+        assert time.monotonic() - started < 60      # the failed start's ping, not the 120 s timeout
+        sock.unlink()
+        door = EngineDoor(sock)                     # the engine is back
+        with pool.leased(timeout=120) as sb:
+            assert sb.run("echo back").output.strip() == "back"
+    finally:
+        pool.close()
+        door.close()
+        containers.reap(run_id=pool.run_id)

@@ -28,7 +28,7 @@ pytest.importorskip("ray", reason="Ray is not installed")
 from agents.testing import ScriptedOpenAIServer  # noqa: E402
 from train.advantage import StepRows, compute_advantages  # noqa: E402
 from train.verl_backend import advantage as vadv  # noqa: E402
-from train.verl_backend.launch import run_processes  # noqa: E402
+from train.verl_backend.nodes import run_processes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

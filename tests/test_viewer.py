@@ -198,6 +198,46 @@ def test_live_run_half_written_lines_and_a_resumed_episode(tmp_path):
     assert len(eps) == 1 and eps[0]["status"] == "running" and eps[0]["id"] == 1
 
 
+def test_rollouts_of_several_workers_are_read_together_in_time_order(tmp_path):
+    """A veRL run with several agent-loop workers writes ``rollouts.<host>.<pid>.jsonl`` each; the
+    index reads them all, episodes in the order they began, each step from its own file, and
+    a worker that died mid-line loses only that line."""
+    run = tmp_path / "verl"
+    run.mkdir()
+
+    def rec(kind, t, group, **fields):
+        return json.dumps({"kind": kind, "time": t, "group_id": group, "task_id": group.split("@")[0],
+                           "sample": 0, **fields}) + "\n"
+
+    def step(t, group, i, text):
+        return rec("step", t, group, step=i, role="agent", messages=[], text=text, action=None, next_state={})
+
+    (run / "rollouts.node-a.101.jsonl").write_text(
+        step(1.0, "a@s1", 0, "a0") + step(3.0, "a@s1", 1, "a1") + rec("trajectory", 4.0, "a@s1", status="finished",
+                                                                        outcome=1.0, steps=2)
+        + step(6.0, "c@s1", 0, "c0"))
+    (run / "rollouts.node-b.202.jsonl").write_text(
+        step(2.0, "b@s1", 0, "b0") + rec("trajectory", 5.0, "b@s1", status="aborted", outcome=None, steps=1,
+                                         error="SandboxError: no Docker engine of the pool answers")
+        + step(7.0, "d@s1", 0, "d0")[:30])            # the worker died while writing this line
+    index = RunIndex(run)
+    index.refresh()
+    eps = index.overview()["episodes"]
+    assert [(e["group_id"], e["status"], e["steps"]) for e in eps] == \
+        [("a@s1", "finished", 2), ("b@s1", "aborted", 1), ("c@s1", "running", 1)]
+    assert index.bad_lines == 0
+    assert [s["text"] for s in index.episode(0)["steps_detail"]] == ["a0", "a1"]
+    assert [s["text"] for s in index.episode(1)["steps_detail"]] == ["b0"]
+    assert "no Docker engine" in eps[1]["error"]
+    with (run / "rollouts.node-b.202.jsonl").open("a") as f:   # a third worker's file and more lines appear
+        f.write("\n" + step(8.0, "e@s1", 0, "e0"))
+    (run / "rollouts.node-c.303.jsonl").write_text(step(7.5, "f@s1", 0, "f0"))
+    assert index.refresh()
+    assert [e["group_id"] for e in index.overview()["episodes"]] == ["a@s1", "b@s1", "c@s1", "f@s1", "e@s1"]
+    assert index.bad_lines == 1                                  # the cut line, closed by a newline
+    assert main([str(run), "--export", str(tmp_path / "verl.html")]) == 0
+
+
 async def test_an_episode_aborted_before_its_first_step_is_listed(tmp_path):
     """No env could be made: the loop logs the aborted episode, and the viewer counts it."""
     from train.rollout import collect

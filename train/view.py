@@ -4,7 +4,8 @@
     python -m train.view runs/eval --port 9000
     python -m train.view runs/terminal --export run.html  # one self-contained page to share
 
-Works on the output folder of ``python -m train`` (``rollouts.jsonl``,
+Works on the output folder of ``python -m train`` (``rollouts.jsonl``, or one
+``rollouts.<host>.<pid>.jsonl`` per agent-loop worker of a veRL run, read together in time order,
 ``advantages.jsonl``, ``metrics.jsonl``, ``config.json``) and of
 ``python -m train.evaluate`` (``results.jsonl``, ``report.json``, and
 ``rollouts.jsonl`` when it wrote one). The page shows the run's curves
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import math
 import mimetypes
@@ -46,14 +48,24 @@ from train.metrics import CURVES
 
 PAGE = Path(__file__).with_name("view.html")
 ROLLOUTS, ADVANTAGES, METRICS = "rollouts.jsonl", "advantages.jsonl", "metrics.jsonl"
+WORKER_ROLLOUTS = "rollouts.*.jsonl"            # one per agent-loop worker process of a veRL run
 RESULTS, REPORT, CONFIG = "results.jsonl", "report.json", "config.json"
 # a line's head ends where its first large field starts (json.dumps keeps key order)
 _CUT = {b"step": b', "messages": ', b"judge": b', "votes": '}
-_KIND = re.compile(rb'^\{"kind": "(\w+)"')
+_KIND = re.compile(rb'\{"kind": "(\w+)"(?:, "time": ([-+0-9.eE]+))?')   # match(data, pos): anchored at pos
 _TRAIN_STEP = re.compile(r"@s(\d+)$")          # group ids of `python -m train` end in @s<step>
 _IMAGE_FILE = re.compile(r"^[\w./-]+\.(png|jpe?g|webp|gif)$", re.IGNORECASE)
 _B64_MAGIC = {"iVBORw0KGgo": "image/png", "/9j/": "image/jpeg"}
 _DECODER = json.JSONDecoder()
+
+
+Spot = tuple[str, int, int]        # a line of a rollout log: (file name, offset, length)
+
+
+def rollout_logs(run: Path) -> list[str]:
+    """The rollout logs of a run folder: ``rollouts.jsonl`` and the veRL workers' files."""
+    names = [ROLLOUTS] if (run / ROLLOUTS).exists() else []
+    return names + sorted(p.name for p in run.glob(WORKER_ROLLOUTS))
 
 
 @dataclass
@@ -73,10 +85,10 @@ class Episode:
     heldout: bool = False             # a held-out evaluation episode (not trained on)
     reason: str | None = None         # the grader's reason, when it gave one
     grade: Any = None                 # the grader's details (results.jsonl); else read from `trajectory`
-    trajectory: tuple[int, int] | None = None   # where its trajectory line is
+    trajectory: Spot | None = None   # where its trajectory line is
     roles: set[str] = field(default_factory=set)
-    steps: dict[int, tuple[int, int]] = field(default_factory=dict)   # step -> (offset, length)
-    judges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    steps: dict[int, Spot] = field(default_factory=dict)   # step -> (file, offset, length)
+    judges: dict[int, Spot] = field(default_factory=dict)
     length: int = 0
 
     def summary(self, adv: dict[tuple, dict]) -> dict[str, Any]:
@@ -157,7 +169,7 @@ class RunIndex:
         self._by_key: dict[tuple[str, int], Episode] = {}
         self.advantages: dict[tuple[str, int, int], dict] = {}
         self.bad_lines = 0
-        self._offsets = {ROLLOUTS: 0, ADVANTAGES: 0}
+        self._offsets: dict[str, int] = {ADVANTAGES: 0}   # bytes read of each log
         self._small: dict[str, tuple[float, int]] = {}
         self.metrics: list[dict] = []
         self.config: Any = None
@@ -174,7 +186,8 @@ class RunIndex:
                    for n, off in self._offsets.items()):
                 self._reset()            # a file was rewritten: start over
             stamp = []
-            for name in (ROLLOUTS, ADVANTAGES, METRICS, RESULTS, REPORT, CONFIG):
+            logs = rollout_logs(self.run)
+            for name in (*logs, ADVANTAGES, METRICS, RESULTS, REPORT, CONFIG):
                 p = self.run / name
                 st = p.stat() if p.exists() else None
                 stamp.append(f"{st.st_size}:{st.st_mtime_ns}" if st else "-")
@@ -182,33 +195,54 @@ class RunIndex:
             if version == self.version:
                 return False
             self._read_small()
-            for name, handle in ((ADVANTAGES, self._advantage_line), (ROLLOUTS, self._rollout_line)):
-                self._read_lines(name, handle)
+            for data, begin, end, base in self._new_lines(ADVANTAGES):
+                self._line(self._advantage_line, data, begin, end, base)
+            self._read_rollouts(logs)
             self._join_results()
             self.version = version
             return True
 
-    def _read_lines(self, name: str, handle: Callable[[bytes, int, int, int], None]) -> None:
-        """Calls ``handle(data, begin, end, base)`` for each complete new line ``data[begin:end]``
-        (at file offset ``base + begin``) of ``name``; lines are not copied out whole."""
+    def _new_lines(self, name: str) -> list[tuple[bytes, int, int, int]]:
+        """``(data, begin, end, base)`` for each complete new line ``data[begin:end]`` (at file
+        offset ``base + begin``) of ``name``; lines are not copied out whole."""
         path = self.run / name
         if not path.exists():
-            return
-        start = self._offsets[name]
+            return []
+        start = self._offsets.setdefault(name, 0)
         with path.open("rb") as f:
             f.seek(start)
             data = f.read()
         end = data.rfind(b"\n") + 1          # a half-written last line waits for the next refresh
-        pos = 0
+        lines, pos = [], 0
         while pos < end:
             nl = data.find(b"\n", pos)
             if nl > pos:
-                try:
-                    handle(data, pos, nl, start)
-                except (ValueError, KeyError, TypeError):
-                    self.bad_lines += 1
+                lines.append((data, pos, nl, start))
             pos = nl + 1
         self._offsets[name] = start + end
+        return lines
+
+    def _line(self, handle: Callable[..., None], *args: Any) -> None:
+        try:
+            handle(*args)
+        except (ValueError, KeyError, TypeError):
+            self.bad_lines += 1
+
+    def _read_rollouts(self, logs: list[str]) -> None:
+        """The new lines of every rollout log, in the order they were recorded (each line's
+        ``time``; a line without one keeps its place after the line before it)."""
+        lines = []
+        for name in logs:
+            when = -math.inf
+            for data, begin, end, base in self._new_lines(name):
+                m = _KIND.match(data, begin, end)
+                if m and m.group(2):
+                    with contextlib.suppress(ValueError):
+                        when = float(m.group(2))
+                lines.append((when, name, data, begin, end, base))
+        lines.sort(key=lambda line: line[0])      # stable: one log's lines keep their order
+        for _, name, data, begin, end, base in lines:
+            self._line(self._rollout_line, name, data, begin, end, base)
 
     def _advantage_line(self, data: bytes, begin: int, end: int, base: int) -> None:
         row = _loads(data[begin:end])
@@ -217,10 +251,10 @@ class RunIndex:
         if ep is not None and row.get("train_step") is not None:
             ep.train_step = int(row["train_step"])
 
-    def _rollout_line(self, data: bytes, begin: int, end: int, base: int) -> None:
+    def _rollout_line(self, name: str, data: bytes, begin: int, end: int, base: int) -> None:
         m = _KIND.match(data, begin, end)
         rec = _head(data, begin, end, m.group(1) if m else None)
-        offset, length = base + begin, end - begin
+        spot = (name, base + begin, end - begin)
         if not isinstance(rec, dict) or "group_id" not in rec:
             return
         key = (rec["group_id"], int(rec.get("sample", 0)))
@@ -233,16 +267,16 @@ class RunIndex:
             return
         if kind == "step":
             i = int(rec["step"])
-            ep.steps[i] = (offset, length)
+            ep.steps[i] = spot
             ep.length = max(ep.length, i + 1)
             if rec.get("role"):
                 ep.roles.add(rec["role"])
         elif kind == "judge":
-            ep.judges[int(rec["step"])] = (offset, length)
+            ep.judges[int(rec["step"])] = spot
         elif kind == "trajectory":
             ep.status, ep.outcome, ep.error = rec.get("status", "finished"), rec.get("outcome"), rec.get("error")
             ep.length = max(ep.length, int(rec.get("steps") or 0))
-            ep.trajectory = (offset, length)
+            ep.trajectory = spot
             ep.reason = _reason(rec.get("grade"))
 
     def _new_episode(self, rec: dict) -> Episode:
@@ -375,18 +409,19 @@ class RunIndex:
                 s["after"] = nxt["_seen"]
         return {**head, "grade": mark_images(grade, self.run, link), "steps_detail": steps}
 
-    def _read_at(self, spots: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
-        out = {}
-        path = self.run / ROLLOUTS
-        if not spots or not path.exists():
-            return out
-        with path.open("rb") as f:
-            for off, n in sorted(spots):
-                f.seek(off)
-                try:
-                    out[(off, n)] = json.loads(f.read(n))
-                except ValueError:
-                    pass
+    def _read_at(self, spots: list[Spot]) -> dict[Spot, dict]:
+        out: dict[Spot, dict] = {}
+        for name in sorted({spot[0] for spot in spots}):
+            path = self.run / name
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                for spot in sorted(s for s in spots if s[0] == name):
+                    f.seek(spot[1])
+                    try:
+                        out[spot] = json.loads(f.read(spot[2]))
+                    except ValueError:
+                        pass
         return out
 
     def file(self, rel: str) -> Path | None:

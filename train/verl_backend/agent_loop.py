@@ -19,10 +19,12 @@ prompt with the hint, :func:`judges.hints.teacher_messages` through this loop's 
 template, as ``run_episode`` builds it on both backends).
 
 Per worker process the loops share one sandbox pool, a pool of environment
-instances, the env threads, the step judge, the hint source and the rollout log (``<output>/rollouts.jsonl``,
-one file per worker process when there are several) (:class:`EpisodeResources`). The run's
-settings are the ``nextstate`` section of veRL's config (a serialized
-:class:`train.config.Config`).
+instances, the env threads, the step judge, the hint source and the rollout log
+(:class:`EpisodeResources`): ``<output>/rollouts.jsonl``, or with several workers one file per
+worker process, ``rollouts.<host>.<pid>.jsonl`` (``python -m train.view`` reads them all). The
+sandboxes run on the Docker engine of the worker's node: ``DOCKER_HOST`` in the environment
+``ray start`` ran in there, else the local socket. The run's settings are the ``nextstate``
+section of veRL's config (a serialized :class:`train.config.Config`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import logging
 import math
 import os
+import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -136,8 +139,9 @@ class EpisodeResources:
         self._hinter_made = False
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
         self.envs = EnvCache(self.factory)
-        name = "rollouts.jsonl" if workers <= 1 else f"rollouts.{os.getpid()}.jsonl"
-        self.recorder = Recorder(Path(cfg.run.output) / name)
+        self.recorder = Recorder(Path(cfg.run.output) / rollout_log_name(workers))
+        log.info("agent-loop worker %s on %s: sandboxes on %s, rollouts in %s", os.getpid(), socket.gethostname(),
+                 os.environ.get("DOCKER_HOST") or "the local Docker socket", self.recorder.path)
 
     def judge(self, policy: Callable[[], Policy]) -> Any:
         """The process's one step judge (None with ``judge.mode=none``), so its concurrency
@@ -159,12 +163,21 @@ class EpisodeResources:
         return self._hinter
 
     def close(self) -> None:
-        """Close the envs and the sandbox pool."""
-        self.envs.close()
-        if self.pool is not None:
-            self.pool.close()
-        self.recorder.close()
-        self.executor.shutdown(wait=False)
+        """Close the envs, the sandbox pool and the rollout log (the log even when the pool's
+        engine is gone)."""
+        try:
+            self.envs.close()
+            if self.pool is not None:
+                self.pool.close()
+        finally:
+            self.recorder.close()
+            self.executor.shutdown(wait=False)
+
+
+def rollout_log_name(workers: int) -> str:
+    """The rollout log of this worker process: ``rollouts.jsonl`` for the only one, else
+    ``rollouts.<host>.<pid>.jsonl`` (distinct on a file system the nodes share)."""
+    return "rollouts.jsonl" if workers <= 1 else f"rollouts.{socket.gethostname()}.{os.getpid()}.jsonl"
 
 
 _resources: dict[tuple[str, int], EpisodeResources] = {}

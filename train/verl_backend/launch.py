@@ -38,10 +38,12 @@ from typing import Any
 from train.config import Config, ConfigError
 from train.rollout import load_tasks
 from train.verl_backend import RUN_ENV
+from train.verl_backend.nodes import clean_cluster, clean_node
 
 PLUGIN_MODULE = "train.verl_backend.plugin"
 CPU_RAY_LOGICAL_CPUS = 16                     # Ray's logical CPU count: placement only, not cores
 CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
+STOP_GRACE = 30.0                             # seconds the run's processes get to exit after ray.shutdown()
 
 
 def on_cpu(cfg: Config) -> bool:
@@ -223,8 +225,10 @@ def validate(config: Any) -> None:
 def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     """Print the composed config (``dry_run``) or write the data and run veRL's trainer on Ray.
 
-    The local Ray cluster this starts is shut down on the way out, and the
-    sandboxes of the run's agent-loop workers are removed (by their run label).
+    Before veRL starts, dead runs' sandboxes are removed; the local Ray cluster this starts is
+    shut down on the way out, the run's processes that outlive it are stopped and its
+    agent-loop workers' sandboxes removed (by their run label). On a cluster (``RAY_ADDRESS``)
+    both happen on every node (:mod:`~train.verl_backend.nodes`).
     """
     from omegaconf import OmegaConf
 
@@ -260,16 +264,38 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
           f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "
           f"output={output}", file=sys.stderr)
     started_ray = not ray.is_initialized()
+    clean_up(None, started_ray)
     try:
         run_ppo(config, task_runner_class=TaskRunnerV1)
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()
-            stop_leftovers(env_vars[RUN_ENV])
-        reap_sandboxes(env_vars[RUN_ENV])
-    print(f"done: metrics {output / 'metrics.jsonl'}, rollouts {output / 'rollouts.jsonl'}, "
+        clean_up(env_vars[RUN_ENV], started_ray)
+    print(f"done: metrics {output / 'metrics.jsonl'}, rollouts {output / 'rollouts*.jsonl'}, "
           f"plot {output / 'curves.png'}, checkpoints {output / 'checkpoints'}", file=sys.stderr)
     return 0
+
+
+def clean_up(run_id: str | None, started_ray: bool) -> None:
+    """:func:`~train.verl_backend.nodes.clean_node` (dead runs' sandboxes before the run, the
+    run's processes and sandboxes after it) on every node of the cluster at ``RAY_ADDRESS``,
+    else on this host. The run's processes are left alone when the caller owns the Ray session
+    (``started_ray`` false)."""
+    grace = STOP_GRACE if started_ray else None
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        clean_node(run_id, grace)
+        return
+    path = os.pathsep.join(filter(None, [import_root(), os.environ.get("PYTHONPATH")]))
+    try:
+        done = clean_cluster(run_id, address=address, grace=grace, env_vars={"PYTHONPATH": path})
+    except Exception as e:  # noqa: BLE001 - the cluster is gone: nothing of the run can be left on it
+        print(f"nextstate: clean-up on the Ray cluster at {address} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    for node, result in done.items():
+        if result["error"] and run_id is not None:
+            print(f"nextstate: node {node[:8]} ({result['engine']}): sandboxes not removed: {result['error']}",
+                  file=sys.stderr)
 
 
 def unregistered(cpu: bool) -> list[str]:
@@ -310,38 +336,3 @@ def check_plugin(cpu: bool) -> None:
     if missing:
         raise ConfigError(f"the nextstate plugin did not register {', '.join(missing)} with veRL "
                           "(the verl backend needs veRL's agent-loop and TransferQueue stack: install the gpu extra)")
-
-
-def run_processes(run_id: str) -> list[int]:
-    """Pids (other than this one) whose environment carries the run id: the run's Ray processes."""
-    marker = f"{RUN_ENV}={run_id}".encode()
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if int(entry.name) != os.getpid() and marker in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def stop_leftovers(run_id: str, grace: float = 30.0) -> None:
-    """Wait for the run's Ray processes to exit after ``ray.shutdown()``; kill those that outlive ``grace``."""
-    import signal
-    import time
-
-    deadline = time.monotonic() + grace
-    while (left := run_processes(run_id)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def reap_sandboxes(run_id: str) -> int:
-    """Remove the Docker sandboxes of this run's agent-loop workers (their processes are gone)."""
-    try:
-        import containers
-        return containers.reap(run_id=run_id)
-    except Exception:  # noqa: BLE001 - no Docker engine: nothing was started there
-        return 0
