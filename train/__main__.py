@@ -191,8 +191,6 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
         cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
     if args.backend == "verl" and cfg.opd.mode != "rl":
         raise ConfigError(f"opd.mode={cfg.opd.mode} runs on --backend local only (the veRL backend trains opd.mode=rl)")
-    if args.backend == "verl" and cfg.agents:
-        raise ConfigError("--agents trains several policies on --backend local only for now")
     if args.backend == "local" or not args.dry_run:
         for model in cfg.agents.values() or [cfg.model.name]:
             check_model(model)

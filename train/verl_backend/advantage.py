@@ -31,7 +31,10 @@ FIELD_STATE = "nextstate_state"
 FIELD_EPISODE = "nextstate_episode"
 FIELD_ABORTED = "nextstate_aborted"
 FIELD_SCORE = "nextstate_judge_score"       # the judge's majority vote (None: the step was not judged)
-FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE)
+FIELD_ROLE = "nextstate_role"              # the agent that took the step
+FIELD_VALID = "nextstate_valid"            # whether the env took the step's action as valid
+FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE,
+          FIELD_ROLE, FIELD_VALID)
 
 
 def _column(nt: dict[str, np.ndarray], name: str, n: int, default: Any) -> np.ndarray:
@@ -46,7 +49,8 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     """Set ``advantages``, ``returns`` and ``response_mask`` of ``data``; returns metrics.
 
     Needs ``batch["response_mask"]`` and ``non_tensor_batch["uid"]`` plus the
-    ``FIELD_*`` columns (``is_padding`` optional).
+    ``FIELD_*`` columns (``is_padding`` optional). Buckets never mix roles (``FIELD_ROLE``): a
+    policy shared by several agents compares a reader's step only with readers' steps.
     """
     nt = data.non_tensor_batch
     mask = data.batch["response_mask"]
@@ -54,11 +58,13 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     padding = _column(nt, "is_padding", n, False).astype(bool)
     aborted = _column(nt, FIELD_ABORTED, n, False).astype(bool)
     valid = ~padding & ~aborted & (mask.sum(-1) > 0).cpu().numpy()
+    roles = _column(nt, FIELD_ROLE, n, "")[valid].astype(str)
     rows = StepRows(group=_column(nt, "uid", n, "")[valid].astype(str),
                     step=_column(nt, FIELD_STEP, n, 0)[valid].astype(np.int64),
                     outcome=_column(nt, FIELD_OUTCOME, n, 0.0)[valid].astype(np.float64),
                     vote_mean=_column(nt, FIELD_VOTE_MEAN, n, np.nan)[valid].astype(np.float64),
-                    state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64))
+                    state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64),
+                    role=np.unique(roles, return_inverse=True)[1].astype(np.int64) if len(set(roles)) > 1 else None)
     result = compute_advantages(rows, key, c=weight, eps=eps, drop_constant=drop_constant)
     adv = np.zeros(n)
     keep = np.zeros(n, dtype=bool)
@@ -87,5 +93,7 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
         "nextstate/episode_length_mean": float(np.mean(list(lengths.values()))) if lengths else 0.0,
         "nextstate/vote_mean": float(votes.mean()) if len(votes) else 0.0,
         "nextstate/judge_score_mean": float(np.mean(scores)) if scores else 0.0,
+        "nextstate/valid_action_rate": float(_column(nt, FIELD_VALID, n, False)[~padding & ~aborted].astype(bool).mean())
+        if (~padding & ~aborted).any() else 0.0,
     }
     return data, metrics
