@@ -171,6 +171,11 @@ def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
                 "reader/valid_action_rate", "writer/advantage/std", "writer/batch/samples"):
         assert key in metrics[-1], key
     assert metrics[-1]["batch/samples"] == metrics[-1]["reader/batch/samples"] + metrics[-1]["writer/batch/samples"]
+    # after step 1's update each policy's server generated with that policy's new weights: its
+    # log-probs are the ones that policy's actor recomputes (a weight sync to the other policy's
+    # server would show here)
+    for policy in ("reader", "writer"):
+        assert metrics[-1][f"{policy}/training/rollout_probs_diff_max"] < 1e-3, policy
 
     # --resume: each policy's weights and optimizer come back (AdamW's 3rd step, not a fresh 1st)
     _, log = train(3, "--resume")
