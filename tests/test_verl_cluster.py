@@ -4,10 +4,11 @@ Ray cluster of two ``ray start`` processes, each node with a Docker engine of it
 How it is built (all started and removed by the test itself, as root):
 
 * two more ``dockerd``, each with its own socket, data root, exec root (so its own containerd)
-  and pid file, no bridge or iptables rules (sandboxes have no network), and the terminal image
-  loaded into it from the host's engine (``docker save | docker -H ... load``). The host's own
-  engine serves only that ``docker save``: the nodes' engines start clean, whatever else the
-  host's engine is doing (other runs, other tests);
+  and pid file, in a network namespace of its own with no bridge or iptables rules (sandboxes
+  have no network), and the terminal image loaded into it from the host's engine
+  (``docker save | docker -H ... load``). The host's own engine serves only that
+  ``docker save``: the nodes' engines start clean, whatever else the host's engine is doing
+  (other runs, other tests);
 * ``ray start --head`` with a custom resource ``node_a`` and ``DOCKER_HOST`` set to the first
   engine, ``ray start --address`` with ``node_b`` and the second engine, in a Ray temp dir of
   their own, token auth off, every process marked by an environment variable so the test stops
@@ -169,8 +170,10 @@ class Engine:
                "--exec-root", str(r / "exec"), "--pidfile", str(self.pidfile), "--bridge=none", "--iptables=false",
                "--ip-masq=false", "--ip6tables=false"]
         with (r / "dockerd.log").open("ab") as log:
-            self.proc = subprocess.Popen(["nice", "-n", "15", *cmd], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, start_new_session=True)
+            # its own network namespace: a dockerd with --bridge=none deletes the interface
+            # docker0 where it starts, which would cut the host engine's bridge network
+            self.proc = subprocess.Popen(["nice", "-n", "15", "unshare", "--net", *cmd], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
         while not self.answers():
             assert time.monotonic() < deadline, (r / "dockerd.log").read_text()[-3000:]

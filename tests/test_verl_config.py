@@ -61,6 +61,32 @@ def test_without_an_accelerator_the_cpu_platform_and_hf_rollout_are_composed(tmp
     assert "VERL_PLATFORM" not in gpu.ray_kwargs.ray_init.runtime_env.env_vars
 
 
+def test_several_policies_compose_one_device_slot_each_and_refuse_the_gpu_rollouts(tmp_path, capsys):
+    """Two policies on the CPU device: two of Ray's device slots, the first policy's model in
+    veRL's actor section. On a GPU device (vLLM/SGLang) several policies stop with one line."""
+    from train.__main__ import main
+    from train.verl_backend.launch import policy_models
+
+    agents = [f"run.output={tmp_path}", "agents.reader=tiny", "agents.writer=/models/writer", "verl.device=cpu"]
+    cfg = load_config("relay", overrides=agents)
+    assert policy_models(cfg) == {"reader": str(tmp_path.resolve() / "model"), "writer": "/models/writer"}
+    config = compose(cfg, n_tasks=4)
+    assert config.ray_kwargs.ray_init.num_gpus == 2 and config.trainer.n_gpus_per_node == 1
+    assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "model")
+    shared = compose(load_config("relay", overrides=[f"run.output={tmp_path}", "verl.device=cpu",
+                                                     "agents.reader+writer=tiny"]), n_tasks=4)
+    assert shared.ray_kwargs.ray_init.num_gpus == 1
+    with pytest.raises(ConfigError, match="cpu device only"):
+        compose(load_config("relay", overrides=[*agents[:3], "verl.device=gpu"]), n_tasks=4)
+    # a role the env does not have, or an agent without a policy: one line, exit 2
+    capsys.readouterr()
+    for argv, message in [(["--agents", "reader=tiny,critic=tiny"], "has no agent 'critic'"),
+                          (["--agents", "reader=tiny"], "no policy plays 'writer'")]:
+        assert main(["--backend", "verl", "--env", "relay", "--dry-run", "--output", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_cpu_platform_is_registered_and_chosen_only_by_name(monkeypatch):
     from verl.plugin.platform import PlatformRegistry
     from verl.plugin.platform.platform_manager import _detect_platform_name

@@ -26,6 +26,7 @@ pytest.importorskip("transfer_queue", reason="veRL's TransferQueue trainer stack
 pytest.importorskip("ray", reason="Ray is not installed")
 
 from agents.testing import ScriptedOpenAIServer  # noqa: E402
+from containers import connect, project_containers  # noqa: E402
 from train.advantage import StepRows, compute_advantages  # noqa: E402
 from train.verl_backend import advantage as vadv  # noqa: E402
 from train.verl_backend.nodes import run_processes  # noqa: E402
@@ -159,3 +160,77 @@ def test_one_verl_opd_step_scores_hinted_steps_in_their_teacher_context(tmp_path
     assert "hint" in kinds
     run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
     assert run_processes(run_id) == []
+def weights_moved(before: Path, after: Path) -> dict[str, torch.Tensor]:
+    """The HF weights at ``after``, checked to differ from ``before`` in most tensors."""
+    from transformers import AutoModelForCausalLM
+    start = AutoModelForCausalLM.from_pretrained(before).state_dict()
+    end = AutoModelForCausalLM.from_pretrained(after).state_dict()
+    assert start.keys() == end.keys()
+    moved = [k for k in start if not torch.equal(start[k], end[k])]
+    assert len(moved) > len(start) // 2, f"{after}: only {moved} changed"
+    return end
+
+
+def adam_steps(actor: Path) -> set[float]:
+    """AdamW's step counts in a veRL actor checkpoint."""
+    optim = torch.load(actor / "optim_world_size_1_rank_0.pt", weights_only=False)
+    return {float(getattr(s["step"], "full_tensor", lambda: s["step"])()) for s in optim["state"].values()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is selected only without an accelerator")
+def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
+    """``--agents reader=tiny,writer=tiny`` on veRL: two actor worker groups, two rollout servers;
+    two steps, then one more with ``--resume``."""
+    out_dir = tmp_path / "run"
+
+    def train(steps: int, *extra: str) -> tuple[subprocess.CompletedProcess, str]:
+        with ScriptedOpenAIServer(judge_vote) as judge:
+            proc = subprocess.run(
+                [sys.executable, "-m", "train", "--env", "relay", "--backend", "verl",
+                 "--agents", "reader=tiny,writer=tiny", "--steps", str(steps), "--output", str(out_dir),
+                 "--judge", judge.url, "--parallel", "4", *extra, "env.max_steps=2", "rollout.tasks_per_step=2",
+                 "rollout.samples_per_task=2", "rollout.max_response_tokens=16", "train.lr=1e-4", "run.save_every=1",
+                 "verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]']"],
+                cwd=REPO, capture_output=True, text=True, timeout=1700,
+                env={**os.environ, "PYTHONPATH": str(REPO)})
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-4000:]
+        run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
+        assert run_processes(run_id) == [], "a process of the run is left"      # Ray's, the servers'
+        assert project_containers(connect(), run_id) == [], "a sandbox of the run is left"
+        return proc, log
+
+    train(2)
+    ckpt = out_dir / "checkpoints"
+    # each policy's update read only the samples of its own role, on both steps
+    rows = [json.loads(line) for line in (out_dir / "advantages.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if not r["padding"]]
+    for policy in ("reader", "writer"):
+        mine = [r for r in rows if r["policy"] == policy]
+        assert {r["train_step"] for r in mine} == {1, 2}, policy
+        assert {r["role"] for r in mine} == {policy}, policy
+        assert any(r["kept"] for r in mine), policy
+    # both policies' weights changed, each its own way (from the same tiny model)
+    reader = weights_moved(out_dir / "model", ckpt / "global_step_2" / "reader" / "huggingface")
+    writer = weights_moved(out_dir / "model", ckpt / "global_step_2" / "writer" / "huggingface")
+    assert any(not torch.equal(reader[k], writer[k]) for k in reader)
+    # the local backend's metric names, per policy
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("outcome/mean", "episodes", "batch/samples", "reader/train/kl", "writer/train/kl",
+                "reader/valid_action_rate", "writer/advantage/std", "writer/batch/samples"):
+        assert key in metrics[-1], key
+    assert metrics[-1]["batch/samples"] == metrics[-1]["reader/batch/samples"] + metrics[-1]["writer/batch/samples"]
+    # after step 1's update each policy's server generated with that policy's new weights: its
+    # log-probs are the ones that policy's actor recomputes (a weight sync to the other policy's
+    # server would show here)
+    for policy in ("reader", "writer"):
+        assert metrics[-1][f"{policy}/training/rollout_probs_diff_max"] < 1e-3, policy
+
+    # --resume: each policy's weights and optimizer come back (AdamW's 3rd step, not a fresh 1st)
+    _, log = train(3, "--resume")
+    assert "resuming from step 2 of 3" in log
+    for policy in ("reader", "writer"):
+        assert adam_steps(ckpt / "global_step_3" / policy) == {3.0}, policy

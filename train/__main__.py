@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 import yaml  # noqa: E402
 
 from envs import registry  # noqa: E402
-from train.config import Config, ConfigError, load_config  # noqa: E402
+from train.config import Config, ConfigError, load_config, policy_roles  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
 JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
@@ -189,8 +189,8 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
         # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
         cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
-    if args.backend == "verl" and cfg.agents:
-        raise ConfigError("--agents trains several policies on --backend local only for now")
+    if args.backend == "verl" and len(policy_roles(cfg)) > 1 and cfg.opd.mode != "rl":
+        raise ConfigError(f"opd.mode={cfg.opd.mode} with several policies runs on --backend local only for now")
     if args.backend == "local" or not args.dry_run:
         for model in cfg.agents.values() or [cfg.model.name]:
             check_model(model)

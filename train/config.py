@@ -343,6 +343,14 @@ def _agents_problem(cfg: Config) -> str | None:
     twice = sorted({r for r in seen if seen.count(r) > 1})
     if twice:
         return f"agents: role {twice[0]!r} is given to two policies"
+    env_agents = getattr(registry.spec(cfg.env.family).env_class(), "possible_agents", None) if cfg.agents else None
+    if env_agents:   # a multi-agent family: its agents, each with a policy
+        unknown = [r for r in seen if r not in env_agents]
+        if unknown:
+            return f"agents: env {cfg.env.family} has no agent {unknown[0]!r} (its agents: {', '.join(env_agents)})"
+        missing = [a for a in env_agents if a not in seen]
+        if missing:
+            return f"agents: no policy plays {missing[0]!r} of env {cfg.env.family} (its agents: {', '.join(env_agents)})"
     return None
 
 

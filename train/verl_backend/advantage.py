@@ -40,8 +40,10 @@ FIELD_ABORTED = "nextstate_aborted"
 FIELD_SCORE = "nextstate_judge_score"       # the judge's majority vote (None: the step was not judged)
 FIELD_HINT = "nextstate_hint"                # the step's selected hint (None: no hint)
 FIELD_TEACHER_PROMPT = "nextstate_teacher_prompt_ids"   # its teacher context's token ids (None: no hint)
+FIELD_ROLE = "nextstate_role"              # the agent that took the step
+FIELD_VALID = "nextstate_valid"            # whether the env took the step's action as valid
 FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE,
-          FIELD_HINT)
+          FIELD_HINT, FIELD_ROLE, FIELD_VALID)
 
 
 @dataclass
@@ -68,9 +70,11 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     """Set ``advantages``, ``returns`` and ``response_mask`` of ``data``; returns metrics.
 
     Needs ``batch["response_mask"]`` and ``non_tensor_batch["uid"]`` plus the
-    ``FIELD_*`` columns (``is_padding`` optional). Under OPD, ``weight_rl`` is ``w_rl``
-    (:func:`train.advantage.rl_weight`) and ``teacher`` the teacher's scores: a row trains
-    when it is kept and ``w_rl != 0``, or when it is hinted (:func:`train.advantage.trained_rows`).
+    ``FIELD_*`` columns (``is_padding`` optional). Buckets never mix roles (``FIELD_ROLE``): a
+    policy shared by several agents compares a reader's step only with readers' steps. Under
+    OPD, ``weight_rl`` is ``w_rl`` (:func:`train.advantage.rl_weight`) and ``teacher`` the
+    teacher's scores: a row trains when it is kept and ``w_rl != 0``, or when it is hinted
+    (:func:`train.advantage.trained_rows`).
     """
     nt = data.non_tensor_batch
     mask = data.batch["response_mask"]
@@ -78,11 +82,13 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     padding = _column(nt, "is_padding", n, False).astype(bool)
     aborted = _column(nt, FIELD_ABORTED, n, False).astype(bool)
     valid = ~padding & ~aborted & (mask.sum(-1) > 0).cpu().numpy()
+    roles = _column(nt, FIELD_ROLE, n, "")[valid].astype(str)
     rows = StepRows(group=_column(nt, "uid", n, "")[valid].astype(str),
                     step=_column(nt, FIELD_STEP, n, 0)[valid].astype(np.int64),
                     outcome=_column(nt, FIELD_OUTCOME, n, 0.0)[valid].astype(np.float64),
                     vote_mean=_column(nt, FIELD_VOTE_MEAN, n, np.nan)[valid].astype(np.float64),
-                    state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64))
+                    state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64),
+                    role=np.unique(roles, return_inverse=True)[1].astype(np.int64) if len(set(roles)) > 1 else None)
     result = compute_advantages(rows, key, c=weight, eps=eps, drop_constant=drop_constant)
     adv = np.zeros(n)
     keep = np.zeros(n, dtype=bool)
@@ -124,5 +130,7 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
         "nextstate/vote_mean": float(votes.mean()) if len(votes) else 0.0,
         "nextstate/judge_score_mean": float(np.mean(scores)) if scores else 0.0,
         **opd_metrics,
+        "nextstate/valid_action_rate": float(_column(nt, FIELD_VALID, n, False)[~padding & ~aborted].astype(bool).mean())
+        if (~padding & ~aborted).any() else 0.0,
     }
     return data, metrics

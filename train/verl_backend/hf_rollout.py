@@ -17,11 +17,15 @@ same three veRL's vLLM rollout has:
   there is nothing to free or restore.
 * :class:`HFReplica` -- the ``RolloutReplica`` veRL's ``LLMServerManager``
   launches (registered in ``RolloutReplicaRegistry`` as ``hf``); one server
-  per replica, no GPU resources.
+  per replica, no GPU resources. Its server is the Ray actor
+  ``hf_server_<replica>`` (``hf_server_<replica>_<policy>`` for the second and
+  later policies of a run that trains several, from the replica's ``name_suffix``).
 * :class:`HFServerAdapter` -- the ``BaseRollout`` inside the actor worker
   (registered in ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` as
   ``("hf", "async")``): veRL's naive checkpoint engine hands it the actor's
-  full tensors after each update, and it sends them to the server.
+  full tensors after each update, and it sends them to the server (found by
+  name; the worker group of a second policy carries the policy's name in
+  ``NEXTSTATE_POLICY``).
 """
 
 from __future__ import annotations
@@ -38,15 +42,18 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
+from train.verl_backend import POLICY_ENV
+
 log = logging.getLogger(__name__)
 
 NAME = "hf"
 MAX_BATCH = 16
 
 
-def server_name(replica_rank: int) -> str:
-    """The Ray actor name of a replica's server (the adapter finds it by name)."""
-    return f"{NAME}_server_{replica_rank}"
+def server_name(replica_rank: int, policy: str = "") -> str:
+    """The Ray actor name of a replica's server (the adapter finds it by name); ``policy`` names
+    the trained policy when a run trains several (:data:`train.verl_backend.POLICY_ENV`)."""
+    return f"{NAME}_server_{replica_rank}" + (f"_{policy}" if policy else "")
 
 
 @dataclass
@@ -209,7 +216,7 @@ class HFReplica(RolloutReplica):
     async def launch_servers(self) -> None:
         r = self.config
         server = ray.remote(HFRolloutServer).options(
-            name=server_name(self.replica_rank), num_cpus=0, max_concurrency=self.max_concurrency,
+            name=server_name(self.replica_rank, self.name_suffix.lstrip("_")), num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(model_path=self.model_config.path, dtype=_torch_dtype(r.dtype),
                  max_tokens=int(r.response_length), seed=int(r.seed))
         await server.weight_checksum.remote()          # the model is loaded
@@ -232,7 +239,7 @@ class HFServerAdapter(BaseRollout):
 
     def _server_handle(self) -> Any:
         if self._server is None:
-            self._server = ray.get_actor(server_name(self.replica_rank))
+            self._server = ray.get_actor(server_name(self.replica_rank, os.environ.get(POLICY_ENV, "")))
         return self._server
 
     async def resume(self, tags: list[str]) -> None:

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from train.config import Config, ConfigError
+from train.config import Config, ConfigError, policy_roles
 from train.rollout import load_tasks
 from train.verl_backend import RUN_ENV
 from train.verl_backend.nodes import clean_cluster, clean_node
@@ -56,22 +56,32 @@ def on_cpu(cfg: Config) -> bool:
     return not accelerator_present() and not os.environ.get("RAY_ADDRESS")
 
 
-def model_path(cfg: Config) -> str:
-    """What veRL loads (and its reference model is): the run's warm start when ``sft.steps > 0``
-    (made or reused before veRL starts, as on the local backend), for ``tiny`` the directory the
-    run writes it to, else the model name."""
+def model_path(cfg: Config, name: str | None = None) -> str:
+    """What veRL loads (and its reference model is) for the policy ``name`` of ``agents`` (default
+    ``model.name``): the run's warm start when ``sft.steps > 0`` (made or reused before veRL
+    starts, as on the local backend: ``warm_start/<name>`` per policy with ``agents``), for
+    ``tiny`` the directory the run writes it to (one tiny model for every policy that asks for
+    it, as on the local backend), else the model name."""
     if cfg.sft.steps > 0:
-        return str(Path(cfg.run.output).resolve() / "warm_start")
-    if cfg.model.name == "tiny":
+        start = Path(cfg.run.output).resolve() / "warm_start"
+        return str(start / name if cfg.agents and name else start)
+    model = cfg.agents.get(name, cfg.model.name) if name else cfg.model.name
+    if model == "tiny":
         return str(Path(cfg.run.output).resolve() / "model")
-    return cfg.model.name
+    return model
+
+
+def policy_models(cfg: Config) -> dict[str, str]:
+    """The trained policies of a run (:func:`~train.config.policy_roles`) and what each loads."""
+    return {name: model_path(cfg, name if cfg.agents else None) for name in policy_roles(cfg)}
 
 
 def cpu_overrides(cfg: Config) -> list[str]:
     """The veRL settings of a run on host CPUs (see the module docstring).
 
-    One trainer process holds one logical device slot (``ray.init(num_gpus=1)``, see
-    :mod:`train.verl_backend.cpu`); the agent loop, reward and rollout workers need none.
+    One trainer process per policy, each holding one logical device slot (``ray.init(num_gpus=N)``
+    for N policies, see :mod:`train.verl_backend.cpu`); the agent loop, reward and rollout
+    workers need none.
     """
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     out = ["trainer.device=cpu", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
@@ -82,7 +92,7 @@ def cpu_overrides(cfg: Config) -> list[str]:
            "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
            f"ray_kwargs.ray_init.num_cpus={CPU_RAY_LOGICAL_CPUS}",
-           "+ray_kwargs.ray_init.num_gpus=1",
+           f"+ray_kwargs.ray_init.num_gpus={len(policy_roles(cfg))}",
            f"+ray_kwargs.ray_init.object_store_memory={CPU_RAY_OBJECT_STORE}",
            "+ray_kwargs.ray_init.include_dashboard=false"]
     for role in ("actor", "ref"):
@@ -142,7 +152,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"data.train_batch_size={r.tasks_per_step}",
         f"data.max_prompt_length={prompt_len}", f"data.max_response_length={r.max_response_tokens}",
         "data.return_raw_chat=true", "data.filter_overlong_prompts=false", "data.dataloader_num_workers=0",
-        f"actor_rollout_ref.model.path={model_path(cfg)}",
+        f"actor_rollout_ref.model.path={next(iter(policy_models(cfg).values()))}",   # the first policy's
         f"{actor}.optim.lr={t.lr}", f"{actor}.optim.weight_decay={t.weight_decay}",
         f"{actor}.optim.betas=[{t.betas[0]},{t.betas[1]}]", f"{actor}.optim.lr_scheduler_type=constant",
         f"{actor}.optim.clip_grad={t.grad_clip}",
@@ -186,6 +196,9 @@ def compose(cfg: Config, n_tasks: int, resume: bool = False) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if len(policy_roles(cfg)) > 1 and not on_cpu(cfg):
+        raise ConfigError("several policies (--agents) on --backend verl run on the cpu device only for now: veRL "
+                          "0.9.1's vLLM/SGLang rollout finds its server by a name without the policy (see docs/verl.md)")
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
@@ -248,11 +261,11 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     check_plugin(cpu)
     output = Path(cfg.run.output).resolve()
     if cfg.sft.steps > 0:
-        from train.sft import warm_start
-        warm_start(cfg, Path(model_path(cfg)))
-    elif cfg.model.name == "tiny" and not (Path(model_path(cfg)) / "config.json").is_file():
+        from train.sft import warm_starts
+        warm_starts(cfg, output / "warm_start")
+    elif "tiny" in {cfg.model.name, *cfg.agents.values()} and not (output / "model" / "config.json").is_file():
         from agents.tiny import save_tiny
-        save_tiny(model_path(cfg), seed=cfg.run.seed)
+        save_tiny(output / "model", seed=cfg.run.seed)
     write_task_data(tasks, data_path(cfg), cfg.env.family)
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
@@ -260,7 +273,8 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
 
     auto_set_device(config)
     where = "this host's CPUs (hf rollout)" if cpu else f"{cfg.verl.nnodes}x{cfg.verl.n_gpus_per_node} GPUs"
-    print(f"nextstate train: env={cfg.env.family} model={cfg.model.name} backend=verl on {where}, "
+    models = ",".join(f"{k}={v}" for k, v in cfg.agents.items()) or cfg.model.name
+    print(f"nextstate train: env={cfg.env.family} model={models} backend=verl on {where}, "
           f"steps={cfg.run.steps} tasks x samples={cfg.rollout.tasks_per_step}x{cfg.rollout.samples_per_task} "
           f"output={output}", file=sys.stderr)
     started_ray = not ray.is_initialized()

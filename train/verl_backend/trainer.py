@@ -30,32 +30,43 @@ advantages each actor update reads) to the run's output folder, and on the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import ray
 import torch
 import transfer_queue as tq
-from omegaconf import read_write
+from omegaconf import OmegaConf, read_write
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
+from verl.single_controller.ray import ResourcePoolManager
+from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.debug import marked_timer
 from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.trainer.ppo.padding_utils import build_padding_position_ids
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from train.advantage import rl_weight, step_rewards
 from train.checkpoint import resume_line
-from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_STEP, FIELD_TEACHER_PROMPT,
-                                          FIELD_VOTE_MEAN, FIELDS, TeacherScores, step_advantages)
+from train.config import config_from_dict, policy_roles
+from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE, FIELD_STEP,
+                                          FIELD_TEACHER_PROMPT, FIELD_VOTE_MEAN, FIELDS, TeacherScores,
+                                          step_advantages)
+from train.verl_backend.launch import policy_models
+from train.verl_backend.policies import PolicyClients, TrainedPolicy, add_policy, pool_name
 
 MODE = "nextstate"
 ADVANTAGE_LOG = "advantages.jsonl"
@@ -76,8 +87,11 @@ LOCAL_NAMES = {
     "actor/pg_clipfrac": "train/clip_frac", "actor/pg_clipfrac_lower": "train/clip_frac_lower",
     "actor/ppo_kl": "train/ppo_kl", "actor/entropy": "train/entropy", "actor/grad_norm": "train/grad_norm",
     "actor/lr": "train/lr", "timing_s/gen": "time/rollout_s", "timing_s/update_actor": "time/train_s",
-    "timing_s/step": "time/step_s",
+    "timing_s/step": "time/step_s", "nextstate/valid_action_rate": "valid_action_rate",
 }
+# the episodes' metrics: the team's with several policies, once per step (the rest is per policy)
+TEAM = ("nextstate/episodes", "nextstate/aborted_episodes", "nextstate/outcome_mean", "nextstate/outcome_success",
+        "nextstate/episode_length_mean", "nextstate/vote_mean", "nextstate/judge_score_mean")
 
 
 def local_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +164,13 @@ class CPUActorRolloutRefWorker(ActorRolloutRefWorker):
 
 
 def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, role: str,
-                   weight: float) -> list[dict[str, Any]]:
+                   weight: float, policy: str | None = None) -> list[dict[str, Any]]:
     """The rows of ``advantages.jsonl`` for one update, in the local backend's format, one per sample.
 
     Like the local trainer's (``kind``, ``train_step``, ``group_id``, ``sample``, ``step``,
-    ``role``, ``reward`` = ``R_t``, ``advantage``, ``kept``, ``hint``), plus veRL's view of the
-    sample: ``advantage`` is the value on its first trained token, ``uniform`` whether every
+    ``role`` (the step's, else ``role``), ``reward`` = ``R_t``, ``advantage``, ``kept``, ``hint``,
+    and ``policy`` when given: the trained policy whose update read the row), plus veRL's view of
+    the sample: ``advantage`` is the value on its first trained token, ``uniform`` whether every
     trained token carries it, ``tokens`` how many are trained, ``padding`` whether veRL padded
     the batch with it, and the agent loop's ``FIELD_*`` values. A sample the OPD teacher scored
     also lists, per trained token, ``token_advantages`` and the ``teacher_log_probs``,
@@ -181,17 +196,39 @@ def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, ro
         episode = str(extra[FIELD_EPISODE] or "")
         rows.append({"kind": "advantage", "train_step": train_step, "group_id": str(fetched["uid"][i]),
                      "sample": int(episode.rsplit("/", 1)[-1]) if "/" in episode else 0,
-                     "step": extra[FIELD_STEP], "role": role, "reward": float(reward),
+                     "step": extra[FIELD_STEP], "role": extra[FIELD_ROLE] or role, "reward": float(reward),
                      "advantage": float(trained[0]) if len(trained) else 0.0, "kept": bool(len(trained)),
                      "uniform": bool((trained == trained[0]).all()) if len(trained) else True,
                      "tokens": int(mask.sum()), "padding": bool(tags[i].get("is_padding", False)),
-                     **({"hint": extra[FIELD_HINT]} if extra[FIELD_HINT] else {}), **extra, **scored})
+                     **({"hint": extra[FIELD_HINT]} if extra[FIELD_HINT] else {}),
+                     **({"policy": policy} if policy else {}), **extra, **scored})
     return rows
 
 
 @register_trainer(MODE)
 class NextStateTrainer(PPOTrainerSync):
-    """veRL's sync PPO trainer; advantages from the step rows (see module docstring)."""
+    """veRL's sync PPO trainer; advantages from the step rows (see module docstring).
+
+    With several policies (``agents`` names more than one, :func:`~train.config.policy_roles`),
+    veRL's own actor worker group, rollout servers and weight sync serve the first policy and
+    :func:`~train.verl_backend.policies.add_policy` adds the same parts for each further one, on
+    its own resource pool (``trainer.n_gpus_per_node x trainer.nnodes`` devices per policy). A
+    step rolls out once for the team (the agent loop sends each role's generations to its
+    policy's servers), then splits the batch by the role of each sample and runs veRL's
+    pipeline -- old log-probs, reference, advantages, actor update -- on each policy's part with
+    that policy's worker group. Each policy keeps its own optimizer and reference in its workers,
+    its checkpoint in ``checkpoints/global_step_N/<policy>/`` and its metrics under ``<policy>/``.
+    """
+
+    def __init__(self, config: Any):
+        settings = config_from_dict(OmegaConf.to_container(config.nextstate, resolve=True))
+        self.policy_roles = policy_roles(settings)
+        self.policy_models = policy_models(settings)
+        self.several = len(self.policy_roles) > 1
+        self.policies: list[TrainedPolicy] = []
+        self._policy: TrainedPolicy | None = None      # the policy whose part of the step is running
+        self._setting_up = False
+        super().__init__(config)
 
     @property
     def trainer_mode(self) -> str:
@@ -202,15 +239,162 @@ class NextStateTrainer(PPOTrainerSync):
     def trainer_mode(self, value: str) -> None:
         """The configured name (``nextstate``) only selects this class."""
 
+    # -- several policies: set-up, one part of the step per policy, checkpoints ----------------
+    def _init_resource_pool_mgr(self) -> None:
+        """veRL's pools and roles, plus one pool per further policy (as big as veRL's
+        ``global_pool``); on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""
+        super()._init_resource_pool_mgr()
+        if get_device_name() == "cpu":
+            for role in list(self.role_worker_mapping):
+                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
+        if self.several:
+            spec = dict(self.resource_pool_manager.resource_pool_spec)
+            spec.update({pool_name(name): list(spec["global_pool"]) for name in list(self.policy_roles)[1:]})
+            self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
+
+    def _setup(self) -> None:
+        """veRL's set-up (the first policy), then the parts of every further policy, then resume."""
+        if not self.several:
+            return super()._setup()
+        self._setting_up = True      # veRL's _setup resumes at its end: wait for every policy
+        try:
+            super()._setup()
+        finally:
+            self._setting_up = False
+        (first, roles), *rest = self.policy_roles.items()
+        self.policies = [TrainedPolicy(first, roles, self.actor_rollout_wg, getattr(self, "ref_policy_wg", None),
+                                       self.llm_server_manager, self.checkpoint_manager)]
+        role = next(r for r in (Role.ActorRolloutRef, Role.ActorRollout) if r in self.role_worker_mapping)
+        for name, roles in rest:
+            policy = add_policy(name, roles, self.policy_models[name], self.config, role,
+                                self.role_worker_mapping[role],
+                                self.resource_pool_manager.resource_pool_dict[pool_name(name)],
+                                self.use_reference_policy)
+            policy.weights.sleep_replicas()
+            self.policies.append(policy)
+        self._load_checkpoint()
+
+    def get_llm_client(self) -> LLMServerClient:
+        """veRL's client; with several policies a :class:`PolicyClients` with each one's client."""
+        if not self.several:
+            return super().get_llm_client()
+        return self.llm_server_manager.get_client(PolicyClients,
+                                                  by_policy={p.name: p.servers.get_client() for p in self.policies})
+
+    @contextlib.contextmanager
+    def _acting(self, policy: TrainedPolicy) -> Iterator[None]:
+        """veRL's methods, run inside, use ``policy``'s worker group and weight sync."""
+        saved = self.actor_rollout_wg, getattr(self, "ref_policy_wg", None), self.checkpoint_manager
+        self.actor_rollout_wg, self.ref_policy_wg, self.checkpoint_manager = policy.actor_wg, policy.ref_wg, policy.weights
+        self._policy = policy
+        try:
+            yield
+        finally:
+            self.actor_rollout_wg, self.ref_policy_wg, self.checkpoint_manager = saved
+            self._policy = None
+
+    def _each_policy(self) -> Iterator[None]:
+        """Once per trained policy, acting as it (once, as itself, with one policy)."""
+        if not self.policies:
+            yield
+            return
+        for policy in self.policies:
+            with self._acting(policy):
+                yield
+
+    def on_init_end(self) -> None:
+        for _ in self._each_policy():
+            super().on_init_end()
+
+    def on_step_end(self) -> None:
+        for _ in self._each_policy():
+            super().on_step_end()
+
+    def on_sample_end(self) -> None:
+        for _ in self._each_policy():
+            super().on_sample_end()
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        """veRL's step; with several policies, the team's rollout, then veRL's pipeline on each
+        policy's part of the batch (the samples of its roles) with its worker group."""
+        if not self.several:
+            return super()._step_once(metrics, timing_raw, sample_batch_size)
+        with marked_timer("gen", timing_raw, color="red"):     # as veRL's _step_once samples
+            self.on_sample_begin()
+            batch, off_policy_metrics = self.replay_buffer.sample(global_steps=self.global_steps,
+                                                                  partition_id="train", batch_size=sample_batch_size)
+            metrics.update(off_policy_metrics)
+            batch.extra_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+            self.on_sample_end()
+        if self.reward_loop_manager.reward_loop_worker_handles is None:
+            with marked_timer("reward", timing_raw, color="yellow"):
+                batch = self._compute_reward_colocate(batch, metrics=metrics)
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                  select_fields=["uid", "response_mask", "extra_fields"])
+        _, team = step_advantages(fields_to_dataproto(fetched, batch.tags), **advantage_settings(self.config))
+        metrics.update({k: team[k] for k in TEAM})
+        roles = [(e or {}).get(FIELD_ROLE) for e in fetched["extra_fields"]]
+        keys, tags = [], []
+        for policy in self.policies:
+            mine = [key for key, role in zip(batch.keys, roles) if role in policy.roles]
+            part = batch.select_keys(mine)
+            own: dict[str, Any] = {"nextstate/samples": 0}
+            if mine:
+                with self._acting(policy), marked_timer(f"{policy.name}/train", timing_raw, color="blue"):
+                    part = self._balance_batch(part, metrics=own)
+                    part = self._compute_old_log_prob(part, metrics=own)
+                    if self.use_reference_policy:
+                        part = self._compute_ref_log_prob(part, metrics=own)
+                    part = self._compute_advantage(part, metrics=own)
+                    part = self._update_actor(part, metrics=own)
+            metrics.update({f"{policy.name}/{k}": v for k, v in local_metrics(own).items() if k not in TEAM})
+            metrics["nextstate/samples"] = metrics.get("nextstate/samples", 0) + own["nextstate/samples"]
+            keys += part.keys
+            tags += part.tags
+        return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags, extra_info=batch.extra_info)
+
+    def _save_checkpoint(self) -> None:
+        """veRL's checkpoint; with several policies each policy's actor (model, optimizer, HF
+        export) in ``global_step_N/<policy>/``, then the data position and veRL's tracker file."""
+        if not self.several:
+            return super()._save_checkpoint()
+        trainer = self.config.trainer
+        folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        for policy in self.policies:
+            policy.actor_wg.save_checkpoint(os.path.join(folder, policy.name), None, self.global_steps,
+                                            max_ckpt_to_keep=trainer.get("max_actor_ckpt_to_keep", None))
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(folder, "data.pt"))
+        Path(trainer.default_local_dir, "latest_checkpointed_iteration.txt").write_text(str(self.global_steps))
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=folder,
+                                         async_save=False)
+
     def _load_checkpoint(self) -> None:
-        """veRL's resume, then the line ``python -m train --resume`` prints (veRL logs it at INFO)."""
-        super()._load_checkpoint()
-        if self.config.trainer.resume_mode != "disable":
-            root = Path(self.config.trainer.default_local_dir)
+        """veRL's resume (with several policies: each policy's actor from its folder, and the data
+        position), then the line ``python -m train --resume`` prints (veRL logs it at INFO)."""
+        if self._setting_up:
+            self.global_steps = 0
+            return
+        trainer = self.config.trainer
+        if not self.several:
+            super()._load_checkpoint()
+        else:
+            self.global_steps = 0
+            folder = find_latest_ckpt_path(trainer.default_local_dir) if trainer.resume_mode == "auto" else None
+            if folder is not None:
+                self.global_steps = int(folder.split("global_step_")[-1])
+                for policy in self.policies:
+                    policy.actor_wg.load_checkpoint(local_path=os.path.join(folder, policy.name),
+                                                    del_local_after_load=trainer.del_local_ckpt_after_load)
+                if os.path.exists(data := os.path.join(folder, "data.pt")):
+                    self.train_dataloader.load_state_dict(torch.load(data, weights_only=False))
+        if trainer.resume_mode != "disable":
+            root = Path(trainer.default_local_dir)
             where = root / f"global_step_{self.global_steps}" if self.global_steps else root
             print(resume_line(self.global_steps or None, self.total_training_steps, where),
                   file=sys.stderr, flush=True)
 
+    # -- metrics, batch size, the actor update, advantages ---------------------------------
     def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
                          epoch: int) -> None:
         """veRL's metrics, then one row of ``<output>/metrics.jsonl`` and the curves PNG."""
@@ -219,7 +403,8 @@ class NextStateTrainer(PPOTrainerSync):
             from train.metrics import MetricsLog
             resumed = self.config.trainer.resume_mode != "disable"
             self._metrics_log = MetricsLog(self.config.nextstate.run.output,
-                                           resume_step=global_steps - 1 if resumed else None)
+                                           resume_step=global_steps - 1 if resumed else None,
+                                           members=list(self.policy_roles) if self.several else None)
         self._metrics_log.log(global_steps, local_metrics(metrics))
 
     def _get_required_batch_multiple(self, dp_size: int) -> int:
@@ -242,7 +427,7 @@ class NextStateTrainer(PPOTrainerSync):
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                   select_fields=["uid", "advantages", "response_mask", "extra_fields", *scored])
         rows = advantage_rows(fetched, batch.tags, self.global_steps, role=ns.train.role,
-                              weight=float(ns.judge.weight))
+                              weight=float(ns.judge.weight), policy=self._policy.name if self._policy else None)
         path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
         if not getattr(self, "_advantage_log_started", False):   # a fresh run, or rows up to the checkpoint
             self._advantage_log_started = True
@@ -260,13 +445,6 @@ class NextStateTrainer(PPOTrainerSync):
                 return super()._update_actor(batch, metrics)
             finally:
                 actor.ppo_mini_batch_size = configured
-
-    def _init_resource_pool_mgr(self) -> None:
-        """veRL's pools and roles; on the ``cpu`` platform, :class:`CPUActorRolloutRefWorker` workers."""
-        super()._init_resource_pool_mgr()
-        if get_device_name() == "cpu":
-            for role in list(self.role_worker_mapping):
-                self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         distil = self.config.nextstate.opd.mode != "rl"
