@@ -54,7 +54,8 @@ class HeldOut:
     def run(self, step: int, server: Any, tokenizer: Any,
             template_kwargs: dict[str, Any] | None = None) -> dict[str, float]:
         """``eval/success``, ``eval/outcome`` and ``eval/episodes`` after ``step`` updates, plus
-        ``eval/weights_step``: the global step of the weights that answered (veRL's count)."""
+        ``eval/weights_step``: the global step of the (oldest) weights that answered, as veRL's
+        servers report it."""
         e, r, role = self.cfg.eval, self.cfg.rollout, self.cfg.train.role
         policy = SpreadServerPolicy(server, tokenizer, {"logprobs": False}, template_kwargs)
         metrics = asyncio.run(heldout(self.env_factory, {role: policy}, self.tasks, step=step,
