@@ -10,9 +10,10 @@ A flipped advantage sign, a wrong response mask, weights that never reach the ro
 an evaluation of the wrong weights leave held-out success where it started (or lower).
 
 It is protected against flakiness the way the local guard is: one fixed seed (veRL's data order
-and rollout seed included), 64 held-out episodes, and a margin (0.10) well inside the gain that
-measured runs gave (+0.20 at step 10; docs/verl.md, "Held-out evaluation inside a run"). veRL's
-batched sampling is not bit-reproducible, so the margin is lower than the local guard's 0.15.
+and rollout seed included), 64 held-out episodes, and a margin (0.05) under half the smallest
+gain measured runs gave (+0.20 and +0.13 at step 10; docs/verl.md, "Held-out evaluation inside a
+run"). veRL's batched sampling is not bit-reproducible, so the margin is lower than the local
+guard's 0.15 and the check weaker.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ pytest.importorskip("ray", reason="Ray is not installed")
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
-MARGIN = 0.10
+MARGIN = 0.05
 
 
 @pytest.mark.docker
