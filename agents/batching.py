@@ -49,7 +49,8 @@ class Row:
     """One sequence to generate.
 
     ``temperature`` 0 means greedy. ``generator`` draws this row's samples (so a
-    seeded request gives the same tokens whatever else shares its batch).
+    seeded request gives the same tokens whatever else shares its batch). Setting ``cancel``
+    ends the row at its next token (its caller went away).
     """
 
     prompt: list[int]
@@ -59,6 +60,7 @@ class Row:
     stop_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
     generator: torch.Generator | None = None
+    cancel: threading.Event | None = None
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Decoded:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stopped: bool = False
+    cancelled: bool = False
 
 
 def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
@@ -461,7 +464,8 @@ def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[lis
                 on_token(i, tok)
             got.stopped = tok in row.stop_ids or bool(
                 row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
-            if not got.stopped and len(got.ids) < row.max_new_tokens:
+            got.cancelled = row.cancel is not None and row.cancel.is_set()
+            if not got.stopped and not got.cancelled and len(got.ids) < row.max_new_tokens:
                 keep.append(j)
             else:
                 if prefixes is not None and reuse:   # what was fed: the prompt and all but the last token

@@ -40,6 +40,7 @@ class _Request:
     sampling: dict[str, Any]
     priority: int = 1
     on_token: Callable[[int], None] | None = None   # called with each sampled token (worker thread)
+    cancel: threading.Event | None = None           # set: its rows end at their next token
 
 
 class HFPolicy(Policy):
@@ -56,7 +57,8 @@ class HFPolicy(Policy):
     worker until its last row is done, so this bounds how long a new request waits);
     ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
     whenever the weights change; 0 turns reuse off).
-    ``decode_calls`` counts batched generations (one per batch, more if a batch failed).
+    ``decode_calls`` counts batched generations (one per batch, more if a batch failed);
+    ``cancelled`` the rows ended early because their stream was closed.
     ``version`` numbers the weights: whoever changes them bumps it while holding ``.lock``, and
     each generation reports the version it was sampled with (``Generation.policy_version``).
     """
@@ -82,6 +84,7 @@ class HFPolicy(Policy):
         self.lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.decode_calls = 0
+        self.cancelled = 0
         self.version = 0
         self.batcher = Batcher(self._run_batch, window_s=batch_window_s, max_rows=max_batch_rows,
                                rows_of=lambda req: req.n, name=f"{self.name} batcher")
@@ -131,7 +134,7 @@ class HFPolicy(Policy):
                 gen.manual_seed(hash((int(seed), i)) & (2**63 - 1) if seed is not None
                                 else int(torch.randint(2**62, ())))
             rows.append(Row(prompt, max_tokens, temperature, top_p, frozenset(stop_ids),
-                            tuple(stop_strings), gen))
+                            tuple(stop_strings), gen, req.cancel))
         return rows
 
     def _generation(self, row: Row, got: Decoded) -> Generation:
@@ -170,6 +173,7 @@ class HFPolicy(Policy):
         def row_done(j: int, got: Decoded) -> None:
             k, i = flat[j]
             outs[k][i] = got
+            self.cancelled += got.cancelled
             left[k] -= 1
             if not left[k]:
                 deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
@@ -204,26 +208,34 @@ class HFPolicy(Policy):
                      **sampling: Any) -> AsyncIterator[tuple[str, int] | Generation]:
         """One answer as it is sampled: ``(text piece, weights version)`` pairs, then the
         :class:`Generation` (whose text the pieces add up to). Text that may still become a stop
-        string is held back until it cannot; the first pair comes with the first token."""
+        string is held back until it cannot; the first pair comes with the first token. Closing
+        the generator early (``aclose``, a cancelled task) cancels the generation: it leaves the
+        queue, or its row leaves the running batch at its next token."""
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue = asyncio.Queue()
         req = _Request(messages, tools, 1, sampling,   # the callback runs under .lock: the version is exact
-                       on_token=lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, (tok, self.version)))
+                       on_token=lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, (tok, self.version)),
+                       cancel=threading.Event())
         fut = self.batcher.submit(req, req.priority)
         fut.add_done_callback(lambda _: loop.call_soon_threadsafe(tokens.put_nowait, None))
         stop = sampling.get("stop") or []
         hold = max((len(s) for s in ([stop] if isinstance(stop, str) else stop)), default=1) - 1
         ids: list[int] = []
         sent = ""
-        while (item := await tokens.get()) is not None:
-            tok, version = item
-            ids.append(tok)
-            text = self._decode_text(ids).rstrip("\ufffd")   # an unfinished UTF-8 sequence waits
-            ready = text[:max(len(sent), len(text) - hold)]
-            if len(ids) == 1 or (ready.startswith(sent) and len(ready) > len(sent)):
-                yield ready[len(sent):], version
-                sent = ready
-        gen = (await asyncio.wrap_future(fut))[0]
+        try:
+            while (item := await tokens.get()) is not None:
+                tok, version = item
+                ids.append(tok)
+                text = self._decode_text(ids).rstrip("\ufffd")   # an unfinished UTF-8 sequence waits
+                ready = text[:max(len(sent), len(text) - hold)]
+                if len(ids) == 1 or (ready.startswith(sent) and len(ready) > len(sent)):
+                    yield ready[len(sent):], version
+                    sent = ready
+            gen = (await asyncio.wrap_future(fut))[0]
+        finally:
+            if not fut.done():
+                req.cancel.set()
+                fut.cancel()
         if gen.text.startswith(sent) and len(gen.text) > len(sent):
             yield gen.text[len(sent):], gen.policy_version
         yield gen

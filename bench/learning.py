@@ -19,7 +19,10 @@ each variant with the same seeds and the same step budget through the local back
 
 Families: ``procedural`` (the 4-word control, :mod:`envs.terminal.procedural`, where every
 command exits 0) and ``outdir`` (:mod:`envs.terminal.outdir`, whose next states carry what the
-instruction does not). Each run evaluates the serving model on held-out instances
+instruction does not); and ``relay`` (:mod:`envs.relay`, two agents), whose variants are
+``shared`` (one policy plays both roles) and ``non_shared`` (one policy per role), both from the
+same warm start (one model fine-tuned on both roles' hasty steps) with the same budget: its
+figures form the JSON's ``multi_agent`` section, with each agent's own held-out measures. Each run evaluates the serving model on held-out instances
 (seeds never trained on) before its first update, every ``eval.every`` steps and at
 its end. Per family and variant the JSON holds ``before``, ``after``, ``auc`` (the mean
 held-out success over a run's evaluations), ``auc_ci95`` (Student-t interval of the
@@ -59,7 +62,11 @@ DEFAULT_VARIANTS = ["outcome", "step_index", "opd", "combine", "shuffled"]
 FAMILIES = {
     "procedural": [],   # the CPU demo's family as configs/terminal.yaml's cpu_demo sets it
     "outdir": ["env.tasks=outdir:train", "eval.tasks=outdir:heldout", "sft.tasks=outdir:0:64", "env.max_steps=4"],
+    "relay": [],        # two agents, as configs/relay.yaml's cpu_demo sets it: the multi_agent section
 }
+# relay's variants: one policy for both roles, or one per role; both from the same warm start
+MULTI_AGENT_FAMILY = "relay"
+MULTI_AGENT = {"shared": ["agents.reader+writer={warm}"], "non_shared": ["agents.reader={warm}", "agents.writer={warm}"]}
 NEXT_STATE_FAMILY = "outdir"
 # the control's rule votes are +1 on (nearly) every step: shuffling them would rerun step_index
 SKIP = {"procedural": {"shuffled"}}
@@ -115,12 +122,21 @@ def gains(families: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def family_config(family: str, overrides: list[str], heldout: int | None = None) -> Any:
     """The CPU demo's config on ``family``; ``heldout``: evaluate on its first that many held-out seeds."""
+    from envs.relay import env as relay
     from envs.terminal import outdir, procedural
     from train.config import load_config
 
-    first = {"procedural": procedural.NAMED, "outdir": outdir.NAMED}[family]["heldout"][0]
+    first = {"procedural": procedural.NAMED, "outdir": outdir.NAMED, "relay": relay.NAMED}[family]["heldout"][0]
     subset = [f"eval.tasks={family}:{first}:{heldout}"] if heldout else []
-    return load_config("terminal", cpu_demo=True, overrides=[*FAMILIES[family], *subset, *overrides])
+    env = "relay" if family == MULTI_AGENT_FAMILY else "terminal"
+    return load_config(env, cpu_demo=True, overrides=[*FAMILIES[family], *subset, *overrides])
+
+
+def variants_of(family: str, asked: list[str]) -> list[str]:
+    """The variants run on ``family``: relay's are ``shared`` and ``non_shared``."""
+    if family == MULTI_AGENT_FAMILY:
+        return list(MULTI_AGENT)
+    return [v for v in asked if v not in SKIP.get(family, ())]
 
 
 def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out: Path,
@@ -128,20 +144,26 @@ def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out
     """One run of variant ``name`` on ``family`` from the warm start; its held-out curve."""
     from train.local import LocalTrainer
 
+    variant = [o.format(warm=warm) for o in {**VARIANTS, **MULTI_AGENT}[name]]
     cfg = family_config(family, [
         f"model.name={warm}", "sft.steps=0", f"run.seed={seed}", f"run.steps={steps}",
-        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *VARIANTS[name], *extra], heldout)
+        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *variant, *extra], heldout)
     start = time.monotonic()
     rows = LocalTrainer(cfg, out, progress=False).run()
     return {**figures(rows), "wall_s": round(time.monotonic() - start, 1)}
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Before, after, AUC and the curve of one run's metrics rows."""
+    """Before, after, AUC and the curve of one run's metrics rows (and, on a multi-agent family,
+    each agent's own held-out measures before and after: ``{"reader/word_told": [before, after]}``)."""
     points = curve(rows)
     success = [p for _, p in points]
+    measures = {}
+    for key in sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 2}):
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        measures[key[len("eval/"):]] = [round(values[0], 4), round(values[-1], 4)]
     return {"before": success[0], "after": success[-1], "auc": round(sum(success) / len(success), 4),
-            "curve": points}
+            "curve": points, **({"measures": measures} if measures else {})}
 
 
 def collected(dirs: list[Path], family: str, name: str, seed: int, steps: int) -> dict[str, Any] | None:
@@ -197,18 +219,17 @@ def main(argv: list[str] | None = None) -> int:
             steps = args.steps if args.steps is not None else cfg.run.steps
             warm = warm_start(cfg, root / f"warm_start-{family}", progress=False)
             for seed in args.seeds:   # seed-major: every variant gets each seed before the next seed
-                for name in [v for v in args.variants if v not in SKIP.get(family, ())]:
+                for name in variants_of(family, args.variants):
                     print(f"[bench.learning] {family} {name} seed {seed}", file=sys.stderr, flush=True)
                     jobs.setdefault(family, {}).setdefault(name, []).append(pool.submit(
                         train_variant, family, name, seed, steps, warm, root / family / f"{name}-seed{seed}",
                         list(args.overrides), args.heldout))
         families = {family: {"variants": {name: summarize([f.result() for f in futures])
                                           for name, futures in variants.items()},
-                             "train_tasks": configs[family].env.tasks, "heldout_tasks": configs[family].eval.tasks,
-                             "eval_every": configs[family].eval.every, "max_steps": configs[family].env.max_steps}
+                             **described(configs[family])}
                     for family, variants in jobs.items()}
-        show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "auc_gain_over_outcome": gains(families),
-              "seeds": args.seeds, "steps": steps, "jobs": args.jobs, "wall_s": round(time.monotonic() - started, 1)}, args.json)
+        show({**sections(families), "seeds": args.seeds, "steps": steps, "jobs": args.jobs,
+              "wall_s": round(time.monotonic() - started, 1)}, args.json)
     finally:
         pool.shutdown(cancel_futures=True)
         if not args.output:
@@ -225,7 +246,7 @@ def collect_figures(args: argparse.Namespace) -> int:
         cfg = family_config(family, list(args.overrides), args.heldout)
         steps = args.steps if args.steps is not None else cfg.run.steps
         variants = {}
-        for name in [v for v in args.variants if v not in SKIP.get(family, ())]:
+        for name in variants_of(family, args.variants):
             runs = []
             for seed in args.seeds:
                 run = collected([Path(d) for d in args.collect], family, name, seed, steps)
@@ -235,11 +256,27 @@ def collect_figures(args: argparse.Namespace) -> int:
                     runs.append(run)
             if runs:
                 variants[name] = summarize(runs)
-        families[family] = {"variants": variants, "train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks,
-                            "eval_every": cfg.eval.every, "max_steps": cfg.env.max_steps}
-    show({"families": families, "next_state_family": NEXT_STATE_FAMILY, "auc_gain_over_outcome": gains(families),
-          "seeds": args.seeds, "steps": steps, "missing": missing, "wall_s": None}, args.json)
+        families[family] = {"variants": variants, **described(cfg)}
+    show({**sections(families), "seeds": args.seeds, "steps": steps, "missing": missing, "wall_s": None}, args.json)
     return 0
+
+
+def described(cfg: Any) -> dict[str, Any]:
+    """What a family's runs were trained and evaluated on."""
+    return {"train_tasks": cfg.env.tasks, "heldout_tasks": cfg.eval.tasks, "eval_every": cfg.eval.every,
+            "max_steps": cfg.env.max_steps}
+
+
+def sections(families: dict[str, Any]) -> dict[str, Any]:
+    """The JSON's sections: the single-agent ``families`` with each variant's gain over
+    outcome-only, and ``multi_agent`` (relay: ``shared`` and ``non_shared`` side by side)."""
+    single = {f: v for f, v in families.items() if f != MULTI_AGENT_FAMILY}
+    out: dict[str, Any] = {"families": single, "next_state_family": NEXT_STATE_FAMILY,
+                           "auc_gain_over_outcome": gains(single)}
+    if MULTI_AGENT_FAMILY in families:
+        relay = families[MULTI_AGENT_FAMILY]
+        out["multi_agent"] = {"family": MULTI_AGENT_FAMILY, **relay.pop("variants"), **relay}
+    return out
 
 
 if __name__ == "__main__":

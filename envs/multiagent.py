@@ -41,6 +41,7 @@ class MultiAgentEnv(NextStateEnv):
 
     possible_agents: ClassVar[list[str]] = []
     agent_tools: ClassVar[dict[str, list[dict[str, Any]]]] = {}
+    measures: ClassVar[dict[str, str]] = {}   # "<agent>/<name>": what it measures (see agent_measures)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -57,6 +58,13 @@ class MultiAgentEnv(NextStateEnv):
         """Who acts after ``agent`` (default: the next of ``possible_agents``, round robin)."""
         i = self.possible_agents.index(agent)
         return self.possible_agents[(i + 1) % len(self.possible_agents)]
+
+    @classmethod
+    def agent_measures(cls, task: Task, actions: list[tuple[str, dict[str, Any] | None]]) -> dict[str, float]:
+        """Each agent's own measures of one episode of ``task`` (values in [0, 1], named as in
+        ``measures``), from ``actions``: who acted and the tool call it made (None: an invalid
+        action), in order. A measure the episode says nothing about is left out (default: none)."""
+        return {}
 
     # -- for subclasses' tools ---------------------------------------------------------------
     def send(self, agent: str, text: str) -> None:

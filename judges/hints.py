@@ -4,7 +4,7 @@ A hint source reads a step's next state and may return a short hint telling how 
 step should have been different. The step's prompt with the hint appended to its
 last user (or tool) turn is the *teacher context*; a teacher model scores the step's
 own response tokens there, and the per-token difference with the rollout's
-log-probs is the OPD advantage (:func:`train.batch.token_advantages`).
+log-probs is the OPD advantage (:func:`train.advantage.token_advantages`).
 
 Two sources, one interface (``await source.judge(request) -> JudgeResult``, the
 selected hint in ``result.hint``):

@@ -80,17 +80,18 @@ class RuleJudge:
 
 def rule_hint(next_state: dict[str, Any]) -> str | None:
     """A hint read off a failed next state: a rejected action's reason, a timeout, or the last
-    non-empty line of a failed command's output (its error or a checker's report); None when
-    the step worked."""
+    non-empty line of a failed command's output (its error or a checker's report; for a text
+    next state, one that :func:`rule_vote` calls an error); None when the step worked."""
     if not next_state.get("valid", True):
         return f"The action was rejected: {next_state.get('error') or 'invalid action'}"
     if next_state.get("timed_out"):
         return "The command timed out; run something that finishes."
-    if next_state.get("exit_code") in (None, 0):
+    code = next_state.get("exit_code")
+    if code in (None, 0) and not (code is None and next_state.get("from_text") and next_state.get("error")):
         return None
     lines = [line.strip() for line in str(next_state.get("output") or next_state.get("error") or "").splitlines()]
     last = next((line for line in reversed(lines) if line and not line.startswith("[exit code")), "")
-    return last or f"The command exited with {next_state['exit_code']}."
+    return last or f"The command exited with {code}."
 
 
 class RuleHints:

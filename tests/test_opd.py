@@ -1,5 +1,6 @@
-"""On-Policy Distillation on the local backend, against hand-computed vectors: hint selection,
-the teacher context, the per-token advantage, and the teacher's forward pass in the learner."""
+"""On-Policy Distillation against hand-computed vectors: hint selection, the teacher context, the
+per-token advantage (the same vectors through the local backend's batch and learner and through
+the veRL backend's advantage function), and the teacher's forward pass in the learner."""
 
 import asyncio
 
@@ -12,7 +13,8 @@ from agents.trajectory import Step, Trajectory
 from judges.hints import HINT_HEADER, HintJudge, select_hint, teacher_messages
 from judges.prm import JudgeRequest
 from judges.rules import RuleHints, rule_hint
-from train.batch import Sample, build_batch, collate, token_advantages
+from train.advantage import token_advantages
+from train.batch import Sample, build_batch, collate
 from train.config import load_config
 from train.learner import Learner
 from train.loss import token_log_probs
@@ -110,6 +112,75 @@ def test_modes_choose_the_samples_and_their_rl_part():
     assert both.weight_opd == 2.0 and both.metrics["opd/hinted_samples"] == 1
 
 
+# the hinted step's teacher log-probs and, per mode, every sample's A_t by hand: old log-probs
+# [-1, -2] on every step, outcome GRPO in group g (A = +1, +1, -1, -1), w_opd 2
+HAND_TEACHER = [-0.5, -1.0]                      # gap to the old log-probs: [0.5, 1.0]
+HAND = {"rl": ({}, [[1, 1], [1, 1], [-1, -1], [-1, -1]]),
+        "opd": ({"opd.weight_opd": 2.0},            # w_rl 0: only the hinted step, 2 * gap
+                [None, [1.0, 2.0], None, None]),
+        "combine": ({"opd.weight_rl": 0.5, "opd.weight_opd": 2.0},   # 2 * gap + 0.5 * A on the hinted step
+                    [[0.5, 0.5], [1.5, 2.5], [-0.5, -0.5], [-0.5, -0.5]])}
+
+
+def _local_token_advantages(batch):
+    """What the local learner trains each sample with, the teacher giving HAND_TEACHER (as
+    :meth:`Learner.score_teacher` calls the shared formula)."""
+    return [token_advantages(HAND_TEACHER, s.old_log_probs, s.advantage, batch.weight_opd).tolist()
+            if s.teacher_prompt_ids else [s.advantage] * len(s.response_ids) for s in batch.samples]
+
+
+def _verl_token_advantages(cfg, teacher_log_probs):
+    """The same four steps as veRL rows through the veRL backend's step_advantages: the trained
+    rows' token advantages (None for a row whose mask it zeroed)."""
+    pytest.importorskip("verl.protocol", reason="veRL is not installed")
+    import numpy as np
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+
+    from train.advantage import rl_weight
+    from train.verl_backend import advantage as vadv
+
+    n = 4
+    nt = {"uid": np.array(["g"] * n, dtype=object), vadv.FIELD_STEP: np.array([0, 1, 0, 1], dtype=object),
+          vadv.FIELD_OUTCOME: np.array([1.0, 1.0, -1.0, -1.0], dtype=object),
+          vadv.FIELD_VOTE_MEAN: np.array([float("nan")] * n, dtype=object),
+          vadv.FIELD_STATE: np.array([0] * n, dtype=object),
+          vadv.FIELD_EPISODE: np.array(["g/0", "g/0", "g/1", "g/1"], dtype=object)}
+    data = DataProto(batch=TensorDict({"response_mask": torch.ones((n, 2), dtype=torch.int64)}, batch_size=n),
+                     non_tensor_batch=nt)
+    teacher = None
+    if cfg.opd.mode != "rl":
+        log_probs = torch.zeros((n, 2))
+        log_probs[1] = torch.tensor(teacher_log_probs)
+        teacher = vadv.TeacherScores(hinted=np.array([False, True, False, False]), log_probs=log_probs,
+                                     old_log_probs=torch.tensor([[-1.0, -2.0]] * n), weight_opd=cfg.opd.weight_opd)
+    data, metrics = vadv.step_advantages(data, key="outcome", drop_constant=cfg.advantage.drop_constant,
+                                         weight_rl=rl_weight(cfg.opd), teacher=teacher)
+    mask = data.batch["response_mask"]
+    rows = [adv.tolist() if m.any() else None for adv, m in zip(data.batch["advantages"], mask)]
+    return rows, metrics
+
+
+@pytest.mark.parametrize("mode", list(HAND))
+def test_both_backends_give_the_hand_computed_token_advantages(mode):
+    over, expected = HAND[mode]
+    batch, cfg = _batch(mode, **over)
+    local = _local_token_advantages(batch)
+    assert len(local) == sum(e is not None for e in expected)
+    for got, want in zip(local, [e for e in expected if e is not None]):
+        assert got == pytest.approx(want, abs=1e-5)
+    verl, metrics = _verl_token_advantages(cfg, HAND_TEACHER)
+    assert len(verl) == len(expected)
+    for got, want in zip(verl, expected):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got == pytest.approx(want, abs=1e-5)
+    if mode != "rl":
+        assert metrics["opd/hinted_samples"] == batch.metrics["opd/hinted_samples"] == 1
+        assert metrics["opd/teacher_gap_mean"] == pytest.approx(0.75)
+    assert metrics["nextstate/samples"] == len(batch.samples)
+
+
 def test_the_learner_scores_the_response_in_the_teacher_context():
     policy = HFPolicy("tiny", seed=0)
     batch, cfg = _batch("combine", **{"opd.weight_rl": 0.5, "opd.weight_opd": 2.0, "train.kl_coef": 0})
@@ -132,6 +203,9 @@ def test_the_learner_scores_the_response_in_the_teacher_context():
     own = token_log_probs(learner.teacher, collate([Sample([1, 2, 9, 3], [4, 5], [0, 0], 0, 0)], 0),
                           cfg.rollout.temperature)[0][0].tolist()
     assert own == pytest.approx(teacher, abs=1e-5)
+    # the veRL backend's function, given the same teacher log-probs, trains the same vectors
+    verl, _ = _verl_token_advantages(cfg, teacher)
+    assert verl[1] == pytest.approx(expected, abs=1e-5) and verl[0] == pytest.approx([0.5, 0.5], abs=1e-5)
     metrics = learner.step(batch, progress=False)
     assert metrics["train/skipped_nonfinite"] == 0.0 and "opd/teacher_gap_mean" in metrics
 
@@ -172,15 +246,12 @@ async def test_an_outdir_episode_gets_its_failure_as_hint_and_a_teacher_context(
 
 
 def test_opd_settings_are_checked():
-    from train.__main__ import build_config, parse_args
     from train.config import ConfigError
 
     assert load_config("terminal").opd.mode == "rl"   # the default trains as before
     for bad in ("opd.mode=distil", "opd.hint_source=oracle", "opd.teacher=gpt"):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config("terminal", overrides=[bad])
-    with pytest.raises(ConfigError, match="local only"):
-        build_config(parse_args(["--env", "terminal", "--backend", "verl", "--dry-run", "opd.mode=combine"]))
 
 
 def test_shuffled_votes_keep_the_votes_but_move_them():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -161,6 +162,73 @@ def test_sessions_interleaved_with_and_without_headers(plain):
         assert s.turns == 3 and s.history[0]["next_state"]["output"] == f"error in session {k}"
 
 
+def test_concurrent_requests_on_one_named_session_branch(plain):
+    """Two requests with the same X-Session-Id at once (generation held until both are in
+    flight): the second cannot hold the first's answer, so it starts a branch; each client then
+    continues its own branch, and no turn overwrites another."""
+    url, proxy = plain
+    c = client(url)
+    first = [{"role": "user", "content": "two workers, one session"}]
+    both_sent = ThreadPoolExecutor(2)
+
+    def turn(msgs: list[dict], seed: int) -> tuple[dict, str]:
+        raw = c.chat.completions.with_raw_response.create(model="tiny", messages=msgs, max_tokens=8, seed=seed,
+                                                          extra_headers={"X-Session-Id": "twin"})
+        return raw.parse().choices[0].message.model_dump(exclude_none=True), raw.headers["x-session-id"]
+
+    with proxy.policy.lock:   # no generation runs until both requests have been claimed
+        futures = [both_sent.submit(turn, first, seed) for seed in (1, 2)]
+        wait_for(lambda: sum(s.inflight for s in proxy.sessions.named.get("twin", [])) == 2, "two requests in flight")
+    answers = [f.result() for f in futures]
+    assert [sid for _, sid in answers] == ["twin", "twin"]
+
+    def go_on(k: int) -> None:
+        msgs = first + [answers[k][0], {"role": "user", "content": f"feedback for worker {k}"}]
+        for t in range(2):
+            reply, _ = turn(msgs, 10 * k + t)
+            msgs += [reply, {"role": "user", "content": f"more for worker {k}"}]
+
+    list(both_sent.map(go_on, (0, 1)))
+    branches = proxy.sessions.named["twin"]
+    assert sorted(b.group_id for b in branches) == ["twin", "twin#2"]
+    assert [b.turns for b in branches] == [3, 3] and all(b.inflight == 0 for b in branches)
+    assert sorted(b.history[0]["next_state"]["output"] for b in branches) == \
+        ["feedback for worker 0", "feedback for worker 1"]
+
+
+def test_a_client_that_disconnects_mid_stream(tmp_path):
+    """A real socket closed after the first chunks: the generation is cancelled (its row leaves
+    the batch), the turn is recorded as aborted and not trained on, and the server keeps serving."""
+    import socket
+    policy = HFPolicy("tiny", max_new_tokens=1500)
+    msgs = [{"role": "user", "content": "write a long story"}]
+    # a seed whose first 300 sampled tokens hold no end of sequence (seeded: the same when streamed)
+    seed = next(s for s in range(40)
+                if asyncio.run(policy.generate(msgs, max_tokens=300, seed=s)).finish_reason == "length")
+    proxy = TrainingProxy(policy, tmp_path, judge=RuleJudge(), model_name="tiny", max_tokens=1500)
+    with serving(proxy) as url:
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        body = json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 1500, "seed": seed, "stream": True})
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nX-Session-Id: gone\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+            got = b""
+            while got.count(b"data: ") < 3:   # the role, then two pieces of text
+                got += sock.recv(4096)
+        assert b"200 OK" in got.split(b"\r\n")[0]
+        wait_for(lambda: proxy.turns.get("aborted") == 1, "the aborted turn")
+        wait_for(lambda: policy.cancelled == 1, "the cancelled row")
+        session = proxy.sessions.get("gone")
+        assert session.turns == 0 and session.inflight == 0 and session.last is None
+        after = client(url).chat.completions.create(model="tiny", messages=msgs, max_tokens=4,
+                                                    extra_headers={"X-Session-Id": "gone"})
+        assert after.choices[0].message.role == "assistant"   # still serving, the same session goes on
+        assert proxy.sessions.get("gone").turns == 1
+    aborted = [s for s in records(tmp_path, "step") if s.get("aborted")]
+    assert len(aborted) == 1 and aborted[0]["group_id"] == "gone" and aborted[0]["aborted"].startswith("the client")
+    assert aborted[0]["text"]   # what was streamed before it left
+
+
 # -- tool calls: a tiny model taught one tool call ---------------------------------------------------
 def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | None = None,
                    tools: list[dict] = TOOLS) -> HFPolicy:
@@ -257,6 +325,55 @@ def test_training_swaps_weights_and_the_version_header_shows_it(tmp_path):
     assert [(e.outcome, e.length) for e in named] == [(1.0, 3)]
 
 
+def _opd_session(url: str) -> None:
+    """Session "o": an error after turn 0 (a rule hint), success after turn 1, outcome +1 after turn 2."""
+    c = client(url)
+    msgs = [{"role": "user", "content": "run the tests"}]
+    for feedback in ("cat: /app/x: No such file or directory", "exit code: 0\nok"):
+        answer = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, extra_headers={"X-Session-Id": "o"})
+        msgs += [answer.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": feedback}]
+    c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, extra_headers={"X-Session-Id": "o"})
+    assert httpx.post(f"{url}/sessions/o/outcome", json={"outcome": 1.0}).status_code == 200
+
+
+# hand-checked: RuleHints' hint is the error's last line; teacher_messages appends it to the turn's user message
+HINTED_PROMPT = [{"role": "user", "content": "run the tests\n\n[hint from the next state]\n"
+                                             "cat: /app/x: No such file or directory"}]
+
+
+@pytest.mark.parametrize("mode", ["opd", "combine"])
+def test_opd_and_combine_through_the_proxy(tmp_path, mode):
+    """The next state of turn 0 reports an error: the rule hint source hints it, and its teacher
+    context is its prompt with the hint. ``opd`` trains that turn alone (advantage 0 + the
+    teacher's token advantages: one step with --batch 1); ``combine`` adds the vote's advantage
+    (turn 0: -1 and the teacher, turn 1: +1, turn 2: the outcome +1)."""
+    from judges.rules import RuleHints
+    cfg = Config()
+    cfg.train.kl_coef, cfg.train.lr, cfg.opd.mode = 0.0, 1e-3, mode
+    policy = HFPolicy("tiny", max_new_tokens=8)
+    trainer = ProxyTrainer(policy, cfg, tmp_path, batch=1 if mode == "opd" else 100, save_every=100)
+    proxy = TrainingProxy(policy, tmp_path, judge=RuleJudge(), hinter=RuleHints(), trainer=trainer,
+                          model_name="tiny", max_tokens=8)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    with serving(proxy) as url:
+        _opd_session(url)
+        wait_for(lambda: not proxy.pending and not trainer.busy.is_set(), "the judges and the learner")
+    hints = {h["step"]: h["hint"] for h in records(tmp_path, "hint")}
+    assert hints == {0: "cat: /app/x: No such file or directory", 1: None}
+    teacher = policy.prompt_ids(HINTED_PROMPT)
+    if mode == "opd":
+        assert trainer.steps == 1 and trainer.counts == {"judged": 3, "zero": 2, "untrainable": 0, "hinted": 1}
+        row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+        assert row["opd/scored_samples"] == 1 and row["opd/hinted_samples"] == 1 and row["batch/samples"] == 1
+        assert math.isfinite(row["opd/teacher_gap_mean"])
+        adv = [json.loads(x) for x in (tmp_path / "advantages.jsonl").read_text().splitlines()]
+        assert [(a["step"], a["advantage"], a["hint"]) for a in adv] == [(0, 0.0, hints[0])]
+        assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+    else:
+        ready = [(t.index, a, h == teacher if h else None) for _, t, a, _, h in trainer.ready]
+        assert sorted(ready) == [(0, -1.0, True), (1, 1.0, None), (2, 1.0, None)]
+
+
 # -- the command line ---------------------------------------------------------------------------------
 def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "train.proxy", *args], cwd=ROOT, text=True,
@@ -264,10 +381,10 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
                             **kw)
 
 
-def test_cli_refuses_modes_that_do_not_exist(tmp_path):
-    proc = _cli("--model", "tiny", "--output", str(tmp_path), "--mode", "opd")
+def test_cli_refuses_a_bad_hint_source(tmp_path):
+    proc = _cli("--model", "tiny", "--output", str(tmp_path), "--mode", "opd", "--hint-source", "oracle")
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 2 and "--mode opd is not available" in out
+    assert proc.returncode == 2 and "--hint-source must be" in out
 
 
 @pytest.mark.slow
@@ -363,3 +480,31 @@ def test_mini_swe_agent_trains_through_the_proxy(tmp_path, monkeypatch):
     assert result["exit_status"] in ("LimitsExceeded", "Submitted", "RepeatedFormatError")
     assert trainer.steps == sum(v != 0 for v in votes) >= 1   # --batch 1: a step per non-zero vote
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+
+
+# -- the CPU demo's agent, briefly ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.docker
+def test_proxy_agent_plays_reports_outcomes_and_trains(tmp_path):
+    """bench.proxy_agent end to end, briefly: the stand-alone agent (the ``openai`` SDK and a
+    sandbox) plays 4 training and 2 x 2 held-out episodes against ``python -m train.proxy``
+    (the untrained tiny model: no learning is expected, only the plumbing)."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.tiny import load_tiny
+    proc = subprocess.run([sys.executable, "-m", "bench.proxy_agent", "--output", str(tmp_path), "--model", "tiny",
+                           "--episodes", "4", "--eval-every", "4", "--heldout", "2", "--parallel", "2", "--batch", "2",
+                           "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [e["train_episodes"] for e in result["evals"]] == [0, 4] and result["proxy_turns"]["side"] >= 4
+    run = tmp_path / "proxy"
+    trajectories = records(run, "trajectory")
+    assert len(trajectories) == 4 and all(t["outcome"] in (-1.0, 1.0) for t in trajectories)
+    assert all(t["group_id"].startswith("train-") for t in trajectories)   # held-out turns are never sessions
+    assert result["trained_steps"] >= 1
+    saved = sorted((run / "checkpoints").glob("step_*"))[-1] / "model"
+    trained = AutoModelForCausalLM.from_pretrained(saved)
+    initial, _ = load_tiny(0)
+    assert any(not torch.equal(a, b) for a, b in zip(initial.state_dict().values(), trained.state_dict().values()))

@@ -324,3 +324,40 @@ def test_heldout_on_verl_scores_and_logs_like_the_local_evaluation(tmp_path):
     episodes = [r for r in logged if r["kind"] == "trajectory"]
     assert len(episodes) == len(tasks) and all(r["heldout"] and r["train_step"] == 0 for r in episodes)
     assert sum(r["outcome"] > 0 for r in episodes) == len(right)
+
+
+async def test_under_opd_a_failed_step_returns_its_hint_and_teacher_context(tmp_path):
+    """``opd.mode=combine`` with rule hints: a python call that raises gets the error's last line as
+    its hint, and its output carries the teacher context the local path builds (the step's own
+    messages with the hint on the last turn, through the same chat template); the next step has none."""
+    import json
+
+    from agents.chat import prompt_head
+    from envs import env_class
+    from judges.hints import teacher_messages
+    from train.rollout import chat_config, load_tasks
+    from train.verl_backend.agent_loop import ServerPolicy
+
+    cfg, config = _loop_config(tmp_path, **{"judge.mode": "none", "opd.mode": "combine", "opd.hint_source": "rules",
+                                            "rollout.max_response_tokens": 128})
+    task = load_tasks(cfg)[0]
+    answers = ['<tool_call>{"name": "python", "arguments": {"code": "print(1/0)"}}</tool_call>',
+               '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>']
+    server = TinyServer(script=lambda i: answers[min(i, 1)])
+    loop = _make_loop(config, server, server.tokenizer)
+    outputs = await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=[],
+                             extra_info={"task_id": task.id}, uid="u", session_id=0)
+    from train.verl_backend.agent_loop import close_resources
+    close_resources()                                   # flushes the rollout log
+    assert len(outputs) == 2
+    failed, worked = (o.extra_fields for o in outputs)
+    assert failed[vadv.FIELD_HINT] == "ZeroDivisionError: division by zero"
+    assert worked[vadv.FIELD_HINT] is None and worked[vadv.FIELD_TEACHER_PROMPT] is None
+    records = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    messages = next(r["messages"] for r in records if r["kind"] == "step" and r["step"] == 0)
+    policy = ServerPolicy(server, server.tokenizer, {}, loop.apply_chat_template_kwargs)
+    _, tools = prompt_head("toolcall", env_class("toolcall").tools, policy, chat_config(cfg))
+    assert outputs[0].prompt_ids == policy.prompt_ids(messages, tools)          # the step's own prompt
+    assert failed[vadv.FIELD_TEACHER_PROMPT] == policy.prompt_ids(teacher_messages(messages, failed[vadv.FIELD_HINT]),
+                                                                  tools)
+    assert any(r["kind"] == "hint" for r in records)

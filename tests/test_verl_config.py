@@ -205,3 +205,17 @@ def test_the_eval_section_is_veRLs_validation_schedule_and_the_seed_its_seeds(tm
     cfg.eval.tasks = None
     config = compose(cfg, n_tasks=4)
     assert config.trainer.val_before_train is False and config.trainer.test_freq == -1
+
+
+def test_opd_with_the_reference_as_teacher_gets_veRLs_reference_worker_even_without_kl(tmp_path):
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    def composed(*over):
+        cfg = load_config("terminal", cpu_demo=True, overrides=[f"run.output={tmp_path}", "train.kl_coef=0", *over])
+        return compose(cfg, n_tasks=4)
+
+    teacher = composed("opd.mode=combine", "opd.teacher=reference")
+    assert need_reference_policy(teacher) and teacher.actor_rollout_ref.actor.kl_loss_coef == 0
+    assert not need_reference_policy(composed())                                   # rl, no KL: none
+    assert not need_reference_policy(composed("opd.mode=opd", "opd.teacher=policy"))   # the actor scores
+    assert teacher.nextstate.opd.mode == "combine"        # the agent loop and trainer mode read it here

@@ -105,3 +105,57 @@ def test_one_verl_step_on_cpu_uses_the_nextstate_advantages_and_changes_the_weig
     # nothing of the run is left running
     run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
     assert run_processes(run_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path is selected only without an accelerator")
+def test_one_verl_opd_step_scores_hinted_steps_in_their_teacher_context(tmp_path, terminal_image):
+    """``opd.mode=combine`` with rule hints on the ``outdir`` family: the untrained tiny model's
+    failed steps get hints; veRL's reference worker scores their responses after the teacher
+    context, and the actor reads ``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``."""
+    from train.advantage import token_advantages
+
+    out_dir = tmp_path / "run"
+    with ScriptedOpenAIServer(judge_vote) as judge:
+        proc = subprocess.run(
+            [sys.executable, "-m", "train", "--env", "terminal", "--backend", "verl", "--model", "tiny",
+             "--steps", "1", "--output", str(out_dir), "--judge", judge.url,
+             "env.tasks=outdir:train", "env.max_steps=2", "rollout.tasks_per_step=2", "rollout.samples_per_task=2",
+             "rollout.max_response_tokens=16", "sft.steps=0", "opd.mode=combine", "opd.hint_source=rules",
+             "opd.teacher=reference", "opd.weight_rl=0.5", "opd.weight_opd=2.0"],
+            cwd=REPO, capture_output=True, text=True, timeout=1500,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+
+    rows = [json.loads(line) for line in (out_dir / "advantages.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if not r["padding"] and not r[vadv.FIELD_ABORTED]]
+    hinted = [r for r in rows if "hint" in r]
+    assert hinted, "no step got a hint"
+    a_rl = 0.5 * compute_advantages(
+        StepRows(group=np.array([r["group_id"] for r in rows]), step=np.array([r[vadv.FIELD_STEP] for r in rows]),
+                 outcome=np.array([r[vadv.FIELD_OUTCOME] for r in rows], dtype=float),
+                 vote_mean=np.array([np.nan if r[vadv.FIELD_VOTE_MEAN] is None else r[vadv.FIELD_VOTE_MEAN]
+                                     for r in rows])),
+        "step_index", c=1.0, eps=1e-6, drop_constant=False).advantages
+    for row, a in zip(rows, a_rl):
+        if "hint" not in row:        # no hint: w_rl * A_rl on every token (when its bucket is kept)
+            assert row["uniform"] and (not row["kept"] or row["advantage"] == pytest.approx(a, abs=1e-5))
+            continue
+        teacher, old, ref = (np.array(row[k]) for k in ("teacher_log_probs", "old_log_probs", "ref_log_probs"))
+        assert len(teacher) == len(row["token_advantages"]) == row["tokens"] > 0
+        # before the update the actor is the reference: the same model, scored after another prompt
+        np.testing.assert_allclose(old, ref, atol=1e-4)
+        assert np.abs(teacher - ref).max() > 1e-3, "the teacher scored the plain prompt"
+        np.testing.assert_allclose(row["token_advantages"], token_advantages(teacher, old, a, 2.0), rtol=1e-4, atol=1e-4)
+
+    [m] = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert m["opd/hinted_samples"] == len(hinted)
+    gaps = np.concatenate([np.array(r["teacher_log_probs"]) - np.array(r["old_log_probs"]) for r in hinted])
+    assert m["opd/teacher_gap_mean"] == pytest.approx(float(gaps.mean()), abs=1e-4)
+    kinds = {json.loads(line)["kind"] for line in (out_dir / "rollouts.jsonl").read_text().splitlines()}
+    assert "hint" in kinds
+    run_id = re.search(r"'NEXTSTATE_RUN_ID': '([0-9a-f]+)'", log).group(1)
+    assert run_processes(run_id) == []

@@ -189,8 +189,6 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     if demo and args.parallel is not None and not any(o.startswith("rollout.tasks_per_step=") for o in args.overrides):
         # the demo sizes a step from --parallel: N episodes at once, N / samples_per_task tasks
         cfg.rollout.tasks_per_step = max(1, cfg.rollout.parallel // cfg.rollout.samples_per_task)
-    if args.backend == "verl" and cfg.opd.mode != "rl":
-        raise ConfigError(f"opd.mode={cfg.opd.mode} runs on --backend local only (the veRL backend trains opd.mode=rl)")
     if args.backend == "verl" and cfg.agents:
         raise ConfigError("--agents trains several policies on --backend local only for now")
     if args.backend == "local" or not args.dry_run:

@@ -33,6 +33,15 @@ step, of the size of the bucket means of the intermediate rewards. The
 ``outcome`` key has no such term; the metrics report episode lengths so the
 effect can be watched when lengths vary a lot.
 
+On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``) adds a per-token term on the
+steps that have a hindsight hint; both backends take it from here (:func:`rl_weight`,
+:func:`trained_rows`, :func:`token_advantages`)::
+
+    A_t = w_opd * (log pi_teacher(a_t | s + hint) - log pi_old(a_t | s)) + w_rl * A
+
+A step without a hint keeps ``w_rl * A``; in mode ``opd`` ``w_rl`` is 0, so only hinted
+steps train.
+
 Everything here is vectorized over numpy arrays: bucket ids from integer
 arithmetic (``np.unique`` only for non-integer keys), then a few
 ``np.bincount`` / ``ufunc.at`` reductions, whatever the bucket count.
@@ -253,3 +262,26 @@ def compute_advantages(rows: StepRows, key: str = "step_index", *, c: float = 1.
         return Advantages(empty, empty, np.zeros(0, dtype=bool), 0, 0, 0)
     codes, rewards = GROUPINGS[key](rows, c)
     return bucket_normalize(codes, rewards, eps=eps, drop_constant=drop_constant)
+
+
+def rl_weight(opd: Any) -> float:
+    """``w_rl`` of an ``opd`` config section (None: no OPD): 1 in mode ``rl``, 0 in mode ``opd``,
+    ``weight_rl`` in ``combine``."""
+    if opd is None or opd.mode == "rl":
+        return 1.0
+    return 0.0 if opd.mode == "opd" else float(opd.weight_rl)
+
+
+def trained_rows(keep: Any, hinted: Any, w_rl: float) -> np.ndarray:
+    """Which steps train: the kept ones (not in a dropped constant bucket) while the RL part
+    counts (``w_rl != 0``), and every hinted one."""
+    return (np.asarray(keep, dtype=bool) & (w_rl != 0)) | np.asarray(hinted, dtype=bool)
+
+
+def token_advantages(teacher_log_probs: Any, old_log_probs: Any, a_rl: Any, weight_opd: float) -> np.ndarray:
+    """``weight_opd * (log pi_teacher - log pi_old) + a_rl`` per response token, ``a_rl`` being the
+    step's already weighted ``w_rl * A``: one step's tokens with a scalar ``a_rl``, or a batch's
+    ``[n, T]`` rows with ``a_rl`` of shape ``[n, 1]``."""
+    teacher = np.asarray(teacher_log_probs, dtype=np.float64)
+    old = np.asarray(old_log_probs, dtype=np.float64)
+    return weight_opd * (teacher - old) + np.asarray(a_rl, dtype=np.float64)

@@ -12,9 +12,9 @@ the ``R_t`` and advantage it was trained with (the trainer writes them to
 On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``): a step with a hint
 carries its teacher context (``Step.teacher_prompt_ids``); the learner scores the
 step's response there with the teacher and gives each token
-:func:`token_advantages`, ``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``.
-A step without a hint keeps ``w_rl * A_rl``; in mode ``opd`` ``w_rl`` is 0, so only
-hinted steps train.
+``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl`` (:func:`train.advantage.token_advantages`,
+which the veRL backend shares). A step without a hint keeps ``w_rl * A_rl``; in mode ``opd``
+``w_rl`` is 0, so only hinted steps train (:func:`train.advantage.trained_rows`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from agents.trajectory import Step, Trajectory
-from train.advantage import StepRows, compute_advantages, states_before
+from train.advantage import StepRows, compute_advantages, rl_weight, states_before, trained_rows
 from train.config import AdvantageConfig, OPDConfig
 from train.loss import MicroBatch
 
@@ -95,21 +95,6 @@ def step_table(trajectories: Sequence[Trajectory], role: str | Sequence[str]
     return rows, steps
 
 
-def token_advantages(teacher_log_probs: Sequence[float], old_log_probs: Sequence[float], a_rl: float,
-                     weight_opd: float) -> list[float]:
-    """``weight_opd * (log pi_teacher - log pi_old) + a_rl`` per response token (``a_rl`` is the
-    step's already weighted ``w_rl * A_rl``)."""
-    teacher, old = np.asarray(teacher_log_probs, dtype=np.float64), np.asarray(old_log_probs, dtype=np.float64)
-    return (weight_opd * (teacher - old) + a_rl).tolist()
-
-
-def rl_weight(opd: OPDConfig | None) -> float:
-    """``w_rl``: 1 in mode ``rl`` (today's training), 0 in mode ``opd``, ``weight_rl`` in ``combine``."""
-    if opd is None or opd.mode == "rl":
-        return 1.0
-    return 0.0 if opd.mode == "opd" else opd.weight_rl
-
-
 def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, weight: float,
                 role: str | Sequence[str], opd: OPDConfig | None = None, seed: int = 0) -> Batch:
     """Samples with advantages for ``role`` and the rollout metrics of the batch (``seed``
@@ -120,12 +105,13 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
     result = compute_advantages(rows, adv.key, c=weight, eps=adv.eps, drop_constant=adv.drop_constant)
     w_rl = rl_weight(opd)
     distil = opd is not None and opd.mode != "rl"
+    hinted = [distil and bool(s.teacher_prompt_ids) for _, s in steps]
     samples = []
-    for (_, s), a, r, k in zip(steps, result.advantages, result.rewards, result.keep):
-        teacher = s.teacher_prompt_ids if distil and s.teacher_prompt_ids else None
-        if (k and w_rl != 0) or teacher:
+    for (_, s), a, r, train, hint in zip(steps, result.advantages, result.rewards,
+                                         trained_rows(result.keep, hinted, w_rl), hinted):
+        if train:
             samples.append(Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs),
-                                  w_rl * float(a), float(r), teacher_prompt_ids=teacher))
+                                  w_rl * float(a), float(r), teacher_prompt_ids=s.teacher_prompt_ids if hint else None))
     step_log = [{"group_id": t.group_id, "task_id": t.task_id, "sample": t.sample, "step": s.index,
                  "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k),
                  **({"hint": s.hint} if s.hint else {})}

@@ -343,8 +343,6 @@ def _agents_problem(cfg: Config) -> str | None:
     twice = sorted({r for r in seen if seen.count(r) > 1})
     if twice:
         return f"agents: role {twice[0]!r} is given to two policies"
-    if cfg.agents and cfg.sft.steps > 0:
-        return "agents: warm starts (sft.steps > 0) train one model; with several agents give each a model already warm-started"
     return None
 
 

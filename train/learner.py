@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from train.batch import Batch, Sample, collate, micro_batches, token_advantages
+from train.advantage import token_advantages
+from train.batch import Batch, Sample, collate, micro_batches
 from train.config import Config
 from train.loss import actor_config, actor_loss, token_log_probs
 
@@ -106,7 +107,7 @@ class Learner:
 
     def score_teacher(self, batch: Batch) -> dict[str, float]:
         """Per-token advantages of the samples with a teacher context: the teacher's log-probs
-        of their response there (no gradient), through :func:`train.batch.token_advantages`."""
+        of their response there (no gradient), through :func:`train.advantage.token_advantages`."""
         hinted = [s for s in batch.samples if s.teacher_prompt_ids is not None]
         if not hinted or self.teacher is None:
             return {}
@@ -120,7 +121,7 @@ class Learner:
                 teacher_lp, _ = token_log_probs(self.teacher, mb, self.temperature)
                 for i, s in enumerate(chunk):
                     lp = teacher_lp[i, :len(s.response_ids)].tolist()
-                    s.token_advantages = token_advantages(lp, s.old_log_probs, s.advantage, batch.weight_opd)
+                    s.token_advantages = token_advantages(lp, s.old_log_probs, s.advantage, batch.weight_opd).tolist()
                     gaps += [t - o for t, o in zip(lp, s.old_log_probs)]
         return {"opd/teacher_gap_mean": float(sum(gaps) / len(gaps)), "opd/scored_samples": float(len(hinted))}
 

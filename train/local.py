@@ -27,12 +27,14 @@ import numpy as np
 
 from agents.recorder import Recorder
 from agents.trajectory import Trajectory
+from envs import env_class
 from train import checkpoint
 from train.batch import build_batch, rollout_metrics
 from train.config import Config, ConfigError, policy_roles
 from train.learner import Learner
 from train.metrics import MetricsLog
-from train.rollout import chat_config, collect, heldout, load_tasks, make_envs, make_hinter, make_judge, role_router
+from train.rollout import (agent_measures, chat_config, collect, heldout, load_tasks, make_envs, make_hinter,
+                           make_judge, role_router)
 
 
 Rollout = Callable[[int], Awaitable[list[Trajectory]]]
@@ -134,12 +136,12 @@ class LocalTrainer:
         self.dtype = None if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
         ckpt = checkpoint.latest(output) if resume else None
         self.start = 0
-        initial = cfg.model.name
-        if cfg.sft.steps > 0:   # supervised warm start first (reused when already made)
-            from train.sft import warm_start
-            initial = str(warm_start(cfg, output / "warm_start", progress=progress))
+        starts: dict[str, str] = {}
+        if cfg.sft.steps > 0:   # supervised warm starts first, one per policy (reused when already made)
+            from train.sft import warm_starts
+            starts = warm_starts(cfg, output / "warm_start", progress=progress)
         self.several = bool(cfg.agents)
-        self.members = [self._member(name, roles, cfg.agents.get(name, initial), ckpt)
+        self.members = [self._member(name, roles, starts.get(name) or cfg.agents.get(name, cfg.model.name), ckpt)
                         for name, roles in policy_roles(cfg).items()]
         if ckpt is not None:
             meta, _ = checkpoint.load(ckpt, self.members[0].name if self.several else "")   # the RNG states
@@ -148,8 +150,10 @@ class LocalTrainer:
             where = ckpt or checkpoint.directory(output)
             print(checkpoint.resume_line(self.start if ckpt else None, cfg.run.steps, where),
                   file=sys.stderr, flush=True)
+        self.env_cls = env_class(cfg.env.family)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None,
-                                  members=[m.name for m in self.members] if self.several else None)
+                                  members=[m.name for m in self.members] if self.several else None,
+                                  measures=getattr(self.env_cls, "measures", None))
         (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
@@ -221,7 +225,7 @@ class LocalTrainer:
         return await heldout(self.env_factory, self.policies(), self.eval_tasks, step=step,
                              n_samples=e.samples_per_task, parallel=r.parallel, router=self.router,
                              chat=chat_config(self.cfg), recorder=self.recorder,
-                             sampling={"temperature": e.temperature, "top_p": r.top_p})
+                             sampling={"temperature": e.temperature, "top_p": r.top_p}, env_cls=self.env_cls)
 
     def eval_due(self, step: int) -> bool:
         """Whether held-out evaluation runs after ``step`` updates."""
@@ -237,6 +241,7 @@ class LocalTrainer:
         metrics: dict[str, Any] = {}
         team = rollout_metrics(trajectories) if self.several else {}   # the team's episodes, once
         metrics.update(team)
+        metrics.update(agent_measures(self.env_cls, self.tasks, trajectories))   # each agent's own, by role
         for m in self.members:
             batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight, role=m.roles,
                                 opd=self.cfg.opd, seed=self.cfg.run.seed * 100003 + step)

@@ -71,15 +71,20 @@ class MetricsLog:
 
     ``members``: the policies of a run with several (``agents``); their metrics are prefixed
     ``<name>/`` and each panel draws one line per policy, plus a panel of each one's valid-action rate.
+    ``measures``: each agent's own measures (``{"reader/word_told": title}``, a multi-agent
+    family's ``measures``), a panel each, in training and held out (``eval/<name>``).
     """
 
-    def __init__(self, output: str | Path, resume_step: int | None = None, members: list[str] | None = None):
+    def __init__(self, output: str | Path, resume_step: int | None = None, members: list[str] | None = None,
+                 measures: dict[str, str] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.output = Path(output)
         self.output.mkdir(parents=True, exist_ok=True)
         self.members = members or []
-        self.curves = CURVES + ([("valid_action_rate", "valid actions per policy")] if self.members else [])
+        self.measures = dict(measures or {})
+        self.curves = CURVES + ([("valid_action_rate", "valid actions per policy")] if self.members else []) \
+            + list(self.measures.items())
         self.path = self.output / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
         if self.path.exists() and resume_step is not None:   # forget steps after the checkpoint
@@ -116,11 +121,11 @@ class MetricsLog:
         rows = math.ceil(len(self.curves) / cols)
         fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
         for ax, (key, title) in zip(axes.flat, self.curves):
-            for label, column in [(None, key)] + [(m, f"{m}/{key}") for m in self.members]:
+            for label, column in self._lines(key):
                 pts = [(r["step"], r[column]) for r in self.rows if isinstance(r.get(column), (int, float))]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
-            if self.members and ax.get_legend_handles_labels()[1]:
+            if ax.get_legend_handles_labels()[1]:
                 ax.legend(fontsize=7)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step", fontsize=8)
@@ -135,6 +140,12 @@ class MetricsLog:
         plt.close(fig)
         tmp.replace(out)
         return out
+
+    def _lines(self, key: str) -> list[tuple[str | None, str]]:
+        """``(label, column)`` of each line of ``key``'s panel."""
+        if key in self.measures:
+            return [("training", key), ("held-out", f"eval/{key}")]
+        return [(None, key)] + [(m, f"{m}/{key}") for m in self.members]
 
     def close(self) -> None:
         self.writer.close()

@@ -17,11 +17,17 @@ pointed at it becomes a source of training data:
   (:func:`judges.rules.text_state`: an error or a non-zero exit -1, success +1, else 0), an LLM
   (the policy itself, or a URL), or none. A session's last turn has no next state: it gets the
   outcome the client reports with ``POST /v1/sessions/{id}/outcome``, else no vote.
-* **Training** (binary RL): the advantage of a turn is its vote (the majority of ``m``), or the
-  outcome for a last turn; turns with advantage 0 carry no signal and are dropped. Every
-  ``--batch`` such turns, one PPO step (:class:`train.learner.Learner`) runs in a background
-  thread; the new weights are copied into the serving model between two generation batches, and
-  requests that arrive meanwhile wait in the batcher's queue (none is refused).
+* **Training**: the reward of a turn is its vote (the majority of ``m``), or the outcome for a
+  last turn; with ``--wait-outcome`` every turn waits for its session's outcome and gets
+  ``outcome + vote``. ``--mode rl`` (binary RL): the advantage is the reward, and turns with 0
+  are dropped; ``opd``: only turns the hint source hinted train, with the teacher's token-level
+  advantages in the turn's prompt plus the hint (:mod:`judges.hints`, scored by
+  :meth:`train.learner.Learner.score_teacher`); ``combine``: both. Every ``--batch`` such turns,
+  one PPO step runs in a background thread; the new weights are copied into the serving model
+  between two generation batches, and requests that arrive meanwhile wait in the batcher's queue
+  (none is refused).
+* **Concurrency**: two requests on one named session at once make two branches (trajectories);
+  a streaming client that disconnects cancels its generation, and its turn is recorded aborted.
 * **Records**: ``rollouts.jsonl`` (one episode per session, the env loop's schema, so
   ``python -m train.view DIR`` shows them), ``advantages.jsonl``, ``metrics.jsonl``,
   ``curves.png``, ``checkpoints/``. Every response carries ``X-Policy-Version`` (and
@@ -59,10 +65,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agents.policy import Generation, content_text
 from agents.recorder import Recorder
-from judges.prm import TEMPLATES, JudgeRequest, StepJudge
-from judges.rules import RuleJudge, text_state
+from judges.hints import teacher_messages
+from judges.prm import TEMPLATES, JudgeRequest, JudgeResult, StepJudge
+from judges.rules import RuleHints, RuleJudge, text_state
 from train import checkpoint
-from train.batch import Batch, Sample
+from train.batch import Batch, Sample, rl_weight
 from train.config import Config, ConfigError, _apply, parse_overrides
 from train.sessions import Session, SessionTable, Turn
 
@@ -224,7 +231,11 @@ def next_state_text(messages: list[dict]) -> str:
 
 # -- the learner side -------------------------------------------------------------------------
 class ProxyTrainer:
-    """Turns judged turns into PPO steps in a background thread (binary RL: advantage = vote)."""
+    """Turns judged turns into PPO steps in a background thread. A turn's reward is its vote
+    (binary RL), plus its session's outcome when the proxy waits for outcomes; its advantage
+    is ``w_rl`` times that (:func:`train.batch.rl_weight`: 1 in mode ``rl``, 0 in ``opd``),
+    and a hinted turn (``opd``/``combine``) also carries its teacher context, which the
+    learner scores (:meth:`train.learner.Learner.score_teacher`)."""
 
     def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int):
         from train.learner import Learner
@@ -232,26 +243,34 @@ class ProxyTrainer:
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
         self.learner = Learner(policy, cfg)
+        self.temperature = self.learner.temperature
+        self.w_rl = rl_weight(cfg.opd)
+        self.weight_opd = cfg.opd.weight_opd if cfg.opd.mode != "rl" else 0.0
         self.metrics = MetricsLog(output)
         self.advantages = Recorder(output / "advantages.jsonl")
-        self.ready: list[tuple[Session, Turn, float]] = []
+        self.ready: list[tuple[Session, Turn, float, float, list[int] | None]] = []
         self.steps = 0
         self.saved = 0
         self.busy = threading.Event()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner")
-        self.counts = {"judged": 0, "zero": 0, "untrainable": 0}
+        self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
 
-    def offer(self, session: Session, turn: Turn, advantage: float | None, why_not: str | None) -> None:
-        """A judged turn (or one that cannot train); a step starts once ``batch`` turns wait."""
+    def offer(self, session: Session, turn: Turn, reward: float, why_not: str | None,
+              teacher: list[int] | None = None) -> None:
+        """A judged turn (or one that cannot train) with its reward and, when hinted, its teacher
+        context's prompt ids; a step starts once ``batch`` turns wait."""
         if why_not is not None:
             self.counts["untrainable"] += 1
             return
         self.counts["judged"] += 1
-        if not advantage:
+        advantage = self.w_rl * reward
+        teacher = teacher if self.weight_opd else None
+        if not advantage and teacher is None:
             self.counts["zero"] += 1
             return
-        self.ready.append((session, turn, advantage))
+        self.counts["hinted"] += teacher is not None
+        self.ready.append((session, turn, advantage, reward, teacher))
         if len(self.ready) >= self.batch and not self.busy.is_set():
             chosen, self.ready = self.ready[:self.batch], self.ready[self.batch:]
             self.busy.set()
@@ -262,26 +281,29 @@ class ProxyTrainer:
         if fut.exception() is not None:
             log.error("training step failed: %s", fut.exception(), exc_info=fut.exception())
 
-    def _train(self, chosen: list[tuple[Session, Turn, float]]) -> None:
+    def _train(self, chosen: list[tuple[Session, Turn, float, float, list[int] | None]]) -> None:
         """One PPO step on ``chosen``, then the weights swap into the serving model (learner thread)."""
         samples = [Sample(list(t.generation.prompt_ids), list(t.generation.response_ids),
-                          list(t.generation.logprobs), a, a) for _, t, a in chosen]
-        versions = [t.generation.policy_version or 0 for _, t, _ in chosen]
+                          list(t.generation.logprobs), a, r, teacher_prompt_ids=h) for _, t, a, r, h in chosen]
+        versions = [t.generation.policy_version or 0 for _, t, *_ in chosen]
         t0 = time.monotonic()
-        metrics: dict[str, Any] = dict(self.learner.step(Batch(samples), progress=False))
+        metrics: dict[str, Any] = dict(self.learner.step(Batch(samples, weight_opd=self.weight_opd), progress=False))
         t1 = time.monotonic()
         self.learner.publish()
         t2 = time.monotonic()
         self.swaps.append((t1, t2))
         self.steps += 1
-        for s, t, a in chosen:
+        for s, t, a, r, h in chosen:
             self.advantages.record("advantage", {"train_step": self.steps, "group_id": s.group_id,
                                                  "task_id": s.id, "sample": 0, "step": t.index, "role": "agent",
-                                                 "reward": a, "advantage": a, "kept": True})
-        adv = [a for _, _, a in chosen]
+                                                 "reward": r, "advantage": a, "kept": True,
+                                                 **({"hint": t.hint} if h is not None else {})})
+        adv = [a for _, _, a, _, _ in chosen]
+        rewards = [r for _, _, _, r, _ in chosen]
         metrics.update({"batch/samples": len(samples), "batch/response_tokens": sum(len(s.response_ids) for s in samples),
-                        "reward/mean": sum(adv) / len(adv), "judge/score_mean": sum(adv) / len(adv),
+                        "reward/mean": sum(rewards) / len(rewards), "advantage/mean": sum(adv) / len(adv),
                         "advantage/std": float(np.std(adv)),
+                        **({"opd/hinted_samples": sum(h is not None for *_, h in chosen)} if self.weight_opd else {}),
                         "proxy/version": self.policy.version, "proxy/staleness_max": self.policy.version - 1 - min(versions),
                         "proxy/judged_turns": self.counts["judged"], "proxy/zero_turns": self.counts["zero"],
                         "proxy/untrainable_turns": self.counts["untrainable"],
@@ -312,9 +334,10 @@ class TrainingProxy:
     states and (with a trainer) trains on them."""
 
     def __init__(self, policy: Any, output: Path, *, judge: Any = None, trainer: ProxyTrainer | None = None,
-                 model_name: str = "policy", max_tokens: int = 2048, max_body_bytes: int = 4 << 20,
-                 api_key: str | None = None):
+                 hinter: Any = None, wait_outcome: bool = False, model_name: str = "policy",
+                 max_tokens: int = 2048, max_body_bytes: int = 4 << 20, api_key: str | None = None):
         self.policy, self.output, self.judge, self.trainer = policy, output, judge, trainer
+        self.hinter, self.wait_outcome = hinter, wait_outcome
         self.model_name, self.max_tokens, self.max_body_bytes, self.api_key = model_name, max_tokens, max_body_bytes, api_key
         self.sessions = SessionTable()
         self.recorder = Recorder(output / "rollouts.jsonl")
@@ -337,11 +360,25 @@ class TrainingProxy:
                           session: Session | None = None) -> Session | None:
         self.turns[req.turn_type] += 1
         if req.turn_type == "main" and session is not None:
-            turn = Turn(session.turns, req.messages, gen, reply, float(req.sampling.get("temperature") or 0.0))
+            turn = Turn(session.turns, req.messages, gen, reply, float(req.sampling.get("temperature") or 0.0),
+                        req.tools)
             self.sessions.add(session, turn)
         if req.session_done and session is not None:
             self.end(session)
         return session
+
+    def abort_turn(self, req: ChatRequest, session: Session | None, why: str, text: str = "") -> None:
+        """A main request that got no complete answer (the client went away mid-stream, the
+        generation failed): recorded as an ``aborted`` step, never trained on; the session
+        stays open."""
+        if req.turn_type != "main" or session is None:
+            return
+        self.sessions.release(session)
+        self.turns["aborted"] = self.turns.get("aborted", 0) + 1
+        self.recorder.record("step", {
+            "group_id": session.group_id, "task_id": session.id, "sample": 0, "step": session.turns,
+            "role": "agent", "messages": req.messages, "text": text, "action": None, "aborted": why,
+            "next_state": {"valid": False, "error": why, "output": ""}, "observation": "", "reward": None})
 
     # -- next states and votes ------------------------------------------------------------
     def _step_record(self, session: Session, turn: Turn, state: dict) -> None:
@@ -359,8 +396,9 @@ class TrainingProxy:
             return "the client sent the answer back changed"
         if not (g.ids_from_server and g.response_ids and len(g.logprobs) == len(g.response_ids)):
             return "no exact token ids"
-        if turn.temperature not in (0.0, 1.0):
-            return f"sampled at temperature {turn.temperature:g}; the learner recomputes log-probs at 1"
+        learner = self.trainer.temperature if self.trainer is not None else 1.0
+        if turn.temperature != learner and not (turn.temperature == 0.0 and learner == 1.0):
+            return f"sampled at temperature {turn.temperature:g}; the learner computes log-probs at {learner:g}"
         return None
 
     def _judge(self, session: Session, turn: Turn) -> None:
@@ -370,21 +408,49 @@ class TrainingProxy:
         self._step_record(session, turn, state)
         history = list(session.history[-8:])
         session.history.append({"action": turn.generation.text, "next_state": {"output": state["output"][:600]}})
-        if self.judge is None or not turn.next_messages:
+        if (self.judge is None and self.hinter is None) or not turn.next_messages:
             return
         req = JudgeRequest("proxy", session.instruction, history, turn.generation.text, state)
         task = asyncio.ensure_future(self._vote(session, turn, req))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
-    async def _vote(self, session: Session, turn: Turn, req: JudgeRequest) -> None:
+    async def _ask(self, source: Any, kind: str, session: Session, turn: Turn, req: JudgeRequest) -> JudgeResult | None:
+        """``source``'s answer about ``turn`` (a judge's votes, a hint source's hint), recorded."""
+        if source is None:
+            return None
         t0 = time.monotonic()
-        result = await self.judge.judge(req)
-        self.recorder.record("judge", {"group_id": session.group_id, "task_id": session.id, "sample": 0,
-                                       "step": turn.index, "seconds": time.monotonic() - t0, **result.to_dict()})
-        session.scores.append(float(result.score))
-        if self.trainer is not None and result.votes:
-            self.trainer.offer(session, turn, float(result.score), self._why_not(turn))
+        result = await source.judge(req)
+        self.recorder.record(kind, {"group_id": session.group_id, "task_id": session.id, "sample": 0,
+                                    "step": turn.index, "seconds": time.monotonic() - t0, **result.to_dict()})
+        return result
+
+    async def _vote(self, session: Session, turn: Turn, req: JudgeRequest) -> None:
+        """Judge and hint ``turn`` (at once), then credit it: its vote, and its teacher context
+        (the turn's prompt with the hint in its last user or tool message) when hinted."""
+        result, hinted = await asyncio.gather(self._ask(self.judge, "judge", session, turn, req),
+                                              self._ask(self.hinter, "hint", session, turn, req))
+        vote = float(result.score) if result is not None and result.votes else None
+        if vote is not None:
+            session.scores.append(vote)
+        teacher = None
+        if hinted is not None and hinted.hint:
+            turn.hint = hinted.hint
+            teacher = self.policy.prompt_ids(teacher_messages(turn.messages, hinted.hint), turn.tools)
+        if vote is not None or teacher is not None:
+            self._credit(session, turn, vote or 0.0, teacher)
+
+    def _credit(self, session: Session, turn: Turn, vote: float, teacher: list[int] | None = None) -> None:
+        """Hand a judged turn to the trainer; with ``wait_outcome``, once its session's outcome is
+        known, which is then added to its vote (``R_t = o + vote``, the env loop's reward)."""
+        if self.trainer is None:
+            return
+        if not self.wait_outcome:
+            self.trainer.offer(session, turn, vote, self._why_not(turn), teacher)
+        elif session.outcome is None:
+            session.waiting.append((turn, vote, teacher))
+        else:
+            self.trainer.offer(session, turn, session.outcome + vote, self._why_not(turn), teacher)
 
     def end(self, session: Session) -> None:
         """The session is over: its last turn is recorded without a next state (it trains only
@@ -402,20 +468,26 @@ class TrainingProxy:
                                             "steps": session.turns, "step_scores": session.scores})
 
     def report(self, sid: str, outcome: float) -> Session:
-        """A client's outcome for session ``sid``: it ends the session and is the vote of its last turn."""
-        session = self.sessions.get(sid)
-        if session is None:
+        """A client's outcome for session ``sid`` (every open branch of it; else its latest): it
+        ends the session and is the reward of its last turn; with ``wait_outcome`` it is added to
+        the votes of its other turns too, which train only now."""
+        found = self.sessions.branches(sid) or [s for s in [self.sessions.get(sid)] if s is not None]
+        if not found:
             raise BadRequest(f"no session {sid!r}", status=404)
-        last = session.last
-        session.outcome = outcome
-        if session.done:
-            self._trajectory(session)
-        else:
-            self.end(session)
-        if last is not None and self.trainer is not None:
-            session.last = None
-            self.trainer.offer(session, last, outcome, self._why_not(last))
-        return session
+        for session in found:
+            last = session.last
+            session.outcome = outcome
+            if session.done:
+                self._trajectory(session)
+            else:
+                self.end(session)
+            waiting, session.waiting = session.waiting, []
+            for turn, vote, teacher in waiting:
+                self._credit(session, turn, vote, teacher)
+            if last is not None and self.trainer is not None:
+                session.last = None
+                self.trainer.offer(session, last, outcome, self._why_not(last))
+        return found[-1]
 
     async def close(self) -> None:
         """Wait for the judges, end open sessions (``truncated``), save, close the logs."""
@@ -462,11 +534,6 @@ def make_app(proxy: TrainingProxy) -> Any:
             status, "invalid_request_error" if status < 500 else "server_error")
         return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
-    def authorized(request: Request) -> bool:
-        if not proxy.api_key:
-            return True
-        return request.headers.get("authorization", "") == f"Bearer {proxy.api_key}"
-
     async def body_of(request: Request) -> bytes:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > proxy.max_body_bytes:
@@ -478,11 +545,9 @@ def make_app(proxy: TrainingProxy) -> Any:
                 raise BadRequest(f"the body is over the limit of {proxy.max_body_bytes} bytes", 413)
         return bytes(data)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        if not authorized(request):
-            return error("missing or wrong bearer key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
+    if proxy.api_key:
+        app.add_middleware(_BearerKey, key=proxy.api_key,
+                           refuse=error("missing or wrong bearer key (Authorization: Bearer <key>)", 401))
 
     @app.get("/v1/models")
     async def models() -> Any:
@@ -524,7 +589,11 @@ def make_app(proxy: TrainingProxy) -> Any:
             try:
                 gen = await proxy.policy.generate(req.messages, req.tools, **req.sampling)
             except ValueError as e:   # bad sampling values, a template that cannot render the messages
+                proxy.abort_turn(req, session, "the request could not be served")
                 return error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+            except BaseException:
+                proxy.abort_turn(req, session, "the generation failed")
+                raise
             reply = assistant_message(gen.text, req.tools)
             await proxy.record_turn(req, gen, reply, session)
             body = {"id": cid, "object": "chat.completion", "created": created, "model": proxy.model_name,
@@ -538,13 +607,44 @@ def make_app(proxy: TrainingProxy) -> Any:
         try:
             first = await anext(pieces)
         except ValueError as e:
+            proxy.abort_turn(req, session, "the request could not be served")
             return error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except BaseException:   # the client left before the first token (the request is cancelled)
+            await pieces.aclose()
+            proxy.abort_turn(req, session, "the client disconnected")
+            raise
         version = first[1] if isinstance(first, tuple) else first.policy_version
-        return StreamingResponse(_events(proxy, req, session, pieces, first, cid, created, version),
-                                 media_type="text/event-stream",
-                                 headers={**headers, "X-Policy-Version": str(version), "Cache-Control": "no-cache"})
+        return _Stream(_events(proxy, req, session, pieces, first, cid, created, version),
+                       media_type="text/event-stream",
+                       headers={**headers, "X-Policy-Version": str(version), "Cache-Control": "no-cache"})
 
     return app
+
+
+class _BearerKey:
+    """ASGI middleware that answers ``refuse`` to a request without ``Authorization: Bearer <key>``
+    (plain ASGI: Starlette's ``BaseHTTPMiddleware`` costs every request a task group and streams)."""
+
+    def __init__(self, app: Any, key: str, refuse: JSONResponse):
+        self.app, self.expected, self.refuse = app, f"Bearer {key}".encode(), refuse
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != self.expected:
+            await self.refuse(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class _Stream(StreamingResponse):
+    """A streaming response that closes its event generator whatever happens: when the client
+    disconnects, Starlette cancels the send and leaves the generator suspended; closing it
+    cancels the generation and records the turn as aborted (:func:`_events`)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _events(proxy: TrainingProxy, req: ChatRequest, session: Session | None, pieces: AsyncIterator,
@@ -552,47 +652,70 @@ async def _events(proxy: TrainingProxy, req: ChatRequest, session: Session | Non
     """Server-sent events of one streamed answer: the role, text pieces as they are sampled
     (held back from a ``<tool_call>`` tag on when the request has tools), the tool calls, the end."""
     model = proxy.model_name
-    yield _chunk(cid, created, model, version, {"role": "assistant", "content": ""})
     sent, text, item = 0, "", first
-    while True:
-        if isinstance(item, tuple):
-            text += item[0]
-            upto = text.find("<tool_call>") if req.tools else -1
-            upto = len(text) if upto < 0 else upto
-            if upto > sent:
-                yield _chunk(cid, created, model, version, {"content": text[sent:upto]})
-                sent = upto
-        else:
-            gen: Generation = item
-            break
-        item = await anext(pieces)
-    reply = assistant_message(gen.text, req.tools)
-    for i, call in enumerate(reply.get("tool_calls") or []):
-        yield _chunk(cid, created, model, version, {"tool_calls": [{"index": i, **call}]})
-    yield _chunk(cid, created, model, version, {}, finish_reason(gen, reply))
-    if req.include_usage:
-        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [], "usage": usage(gen)}
-        yield f"data: {json.dumps(body)}\n\n"
-    yield "data: [DONE]\n\n"
-    await proxy.record_turn(req, gen, reply, session)
+    done = False
+    try:
+        yield _chunk(cid, created, model, version, {"role": "assistant", "content": ""})
+        while True:
+            if isinstance(item, tuple):
+                text += item[0]
+                upto = text.find("<tool_call>") if req.tools else -1
+                upto = len(text) if upto < 0 else upto
+                if upto > sent:
+                    yield _chunk(cid, created, model, version, {"content": text[sent:upto]})
+                    sent = upto
+            else:
+                gen: Generation = item
+                break
+            item = await anext(pieces)
+        # the answer is complete: it is the session's turn even if the client leaves now
+        reply = assistant_message(gen.text, req.tools)
+        await proxy.record_turn(req, gen, reply, session)
+        done = True
+        for i, call in enumerate(reply.get("tool_calls") or []):
+            yield _chunk(cid, created, model, version, {"tool_calls": [{"index": i, **call}]})
+        yield _chunk(cid, created, model, version, {}, finish_reason(gen, reply))
+        if req.include_usage:
+            body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": usage(gen)}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not done:   # the client went away mid-answer: stop sampling, record the turn as aborted
+            await pieces.aclose()
+            proxy.abort_turn(req, session, "the client disconnected mid-stream", text)
 
 
 # -- command line ---------------------------------------------------------------------------
+def _llm(spec: str, policy: Any, flag: str) -> Any:
+    """The model an LLM judge or hint source asks: ``policy`` (the served model) or a URL's."""
+    if spec == "policy":
+        return policy
+    if spec.startswith(("http://", "https://")):
+        from agents.openai_policy import OpenAIPolicy
+        return OpenAIPolicy(spec)
+    raise ConfigError(f"{flag} must be rules, policy, none or an http(s) URL, got {spec!r}")
+
+
 def make_judge(spec: str, policy: Any, votes: int, hints: bool) -> Any:
     """``rules``, ``policy`` (the served model judges), an OpenAI-compatible URL, or ``none``."""
     if spec == "none":
         return None
     if spec == "rules":
         return RuleJudge(m=votes)
-    if spec == "policy":
-        backend = policy
-    elif spec.startswith(("http://", "https://")):
-        from agents.openai_policy import OpenAIPolicy
-        backend = OpenAIPolicy(spec)
-    else:
-        raise ConfigError(f"--judge must be rules, policy, none or an http(s) URL, got {spec!r}")
-    return StepJudge(backend, m=votes, hints=hints, templates={"proxy": TEMPLATES / "default.yaml"})
+    return StepJudge(_llm(spec, policy, "--judge"), m=votes, hints=hints,
+                     templates={"proxy": TEMPLATES / "default.yaml"})
+
+
+def make_hinter(spec: str, policy: Any, votes: int) -> Any:
+    """OPD's hint source (:mod:`judges.hints`): ``rules`` (:class:`judges.rules.RuleHints`),
+    ``policy`` or a URL (:class:`judges.hints.HintJudge` on that model), or ``none``."""
+    if spec == "none":
+        return None
+    if spec == "rules":
+        return RuleHints(m=votes)
+    from judges.hints import HintJudge
+    return HintJudge(_llm(spec, policy, "--hint-source"), m=votes, templates={"proxy": TEMPLATES / "default.yaml"})
 
 
 def build(args: argparse.Namespace) -> TrainingProxy:
@@ -601,15 +724,14 @@ def build(args: argparse.Namespace) -> TrainingProxy:
 
     from agents.hf_policy import HFPolicy
 
-    if args.mode != "rl":
-        raise ConfigError(f"--mode {args.mode} is not available: on-policy distillation is not in this "
-                          "version of nextstate; use --mode rl")
     if args.batch < 1:
         raise ConfigError("--batch must be at least 1")
     cfg = Config()
     cfg.train.kl_coef = 0.0   # no reference model unless asked for (--set train.kl_coef=...)
     cfg.rollout.temperature = 1.0
     _apply(cfg, parse_overrides(args.set or []))
+    cfg.opd.mode = args.mode
+    hint_source = args.hint_source or (args.judge if args.judge not in ("none", "rules") else "rules")
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -617,12 +739,24 @@ def build(args: argparse.Namespace) -> TrainingProxy:
         policy = HFPolicy(args.model, device=device, seed=args.seed, max_new_tokens=args.max_tokens)
     except OSError as e:
         raise ConfigError(f"cannot load model {args.model!r}: {str(e).splitlines()[0]}") from None
+    judge = make_judge(args.judge, policy, args.votes, args.hints)
+    hinter = make_hinter(hint_source, policy, args.votes) if args.mode != "rl" else None
     trainer = ProxyTrainer(policy, cfg, output, args.batch, args.save_every) if args.batch and not args.no_train else None
     (output / "proxy.json").write_text(json.dumps({**vars(args), "api_key": bool(args.api_key),
                                                    "config": cfg.to_dict()}, indent=1, default=str) + "\n")
-    return TrainingProxy(policy, output, judge=make_judge(args.judge, policy, args.votes, args.hints),
-                         trainer=trainer, model_name=args.served_name or args.model, max_tokens=args.max_tokens,
-                         max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
+    return TrainingProxy(policy, output, judge=judge, hinter=hinter, trainer=trainer,
+                         wait_outcome=args.wait_outcome, model_name=args.served_name or args.model,
+                         max_tokens=args.max_tokens, max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
+
+
+def server_config(proxy: TrainingProxy, host: str, port: int) -> "uvicorn.Config":
+    """uvicorn's settings for the proxy. Idle keep-alive connections are kept for 75 s, longer
+    than clients keep them (httpx, and so the ``openai`` SDK: 5 s): with uvicorn's own 5 s both
+    ends close at the same moment, and a request sent on a connection the server is closing
+    fails with "Server disconnected" (a client with ``max_retries=0`` sees a connection error)."""
+    import uvicorn
+
+    return uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning", timeout_keep_alive=75)
 
 
 @contextlib.contextmanager
@@ -632,7 +766,7 @@ def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Ite
     the proxy."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(proxy, host, port))
     thread = threading.Thread(target=server.run, daemon=True, name="proxy-server")
     thread.start()
     while not server.started:
@@ -651,7 +785,7 @@ def serve(proxy: TrainingProxy, host: str, port: int) -> int:
     """Run the server until Ctrl-C (returns 130) or shutdown (0); the app saves on the way out."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(proxy, host, port))
     try:
         server.run()   # on a signal: graceful shutdown (the app's lifespan saves), then the signal again
     except KeyboardInterrupt:
@@ -669,7 +803,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--votes", type=int, default=1, help="m: judge answers per turn")
     p.add_argument("--hints", action="store_true", help="ask the LLM judge for hindsight hints")
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer <key>")
-    p.add_argument("--mode", choices=MODES, default="rl")
+    p.add_argument("--mode", choices=MODES, default="rl",
+                   help="rl: the vote; opd: hinted turns only, the teacher's token advantages; combine: both")
+    p.add_argument("--hint-source", default=None,
+                   help="OPD's hints: rules | policy | none | a URL (default: --judge's LLM, else rules)")
+    p.add_argument("--wait-outcome", action="store_true",
+                   help="judged turns train once their session's outcome is reported, with reward outcome + vote")
     p.add_argument("--batch", type=int, default=16, help="judged turns per training step")
     p.add_argument("--no-train", action="store_true", help="serve, record and judge only")
     p.add_argument("--save-every", type=int, default=10, help="training steps between checkpoints")

@@ -121,6 +121,51 @@ class _View:
 
 
 @dataclass
+class Histories:
+    """What each role of an episode is shown: one history shared by every role (a single-agent
+    env, roles picked by a router), or on a :class:`~envs.multiagent.MultiAgentEnv` one
+    :class:`_View` per agent. The agent loop and warm starts (:mod:`train.sft`) keep them alike."""
+
+    first: Observation | None = None
+    turns: list[Turn] = field(default_factory=list)
+    views: dict[str, _View] | None = None
+
+    @classmethod
+    def start(cls, env: Any, first: Observation) -> "Histories":
+        """The histories after ``env.reset`` returned ``first`` (as ``env.present`` shows it)."""
+        if not isinstance(env, MultiAgentEnv):
+            return cls(first)
+        views = {agent: _View() for agent in env.possible_agents}
+        views[env.agent_selection].receive(first)
+        return cls(first, views=views)
+
+    def of(self, role: str) -> tuple[Observation | None, list[Turn]]:
+        """What ``role`` is shown: the first observation and the turns since."""
+        if self.views is None:
+            return self.first, self.turns
+        view = self.views[role]
+        return view.first, view.turns
+
+    def record(self, role: str, text: str, obs: Observation, valid: bool, next_role: str) -> None:
+        """``role`` wrote ``text``; ``obs`` is what ``next_role`` (who acts next) sees."""
+        if self.views is None:
+            self.turns.append(Turn(text, obs, valid=valid))
+            return
+        self.views[role].waiting = (text, valid)
+        self.views[next_role].receive(obs)
+
+
+def role_prompt(env: Any, role: str, histories: Histories, policy: Policy, chat: ChatConfig,
+                note: str | None = None) -> tuple[list[dict], list[dict] | None]:
+    """``(messages, tools)`` of ``role``'s next step: its own tools on a MultiAgentEnv, the
+    system prompt (with ``note``), and its history. The one way a step's prompt is built."""
+    env_tools = env.tools_for(role) if histories.views is not None else env.tools
+    system, tools = prompt_head(env.family, env_tools, policy, chat, note)
+    first, turns = histories.of(role)
+    return build_messages(system, first, turns, policy=policy, tools=tools, config=chat), tools
+
+
+@dataclass
 class _Episode:
     """What one episode's steps share: the env, the policies, the settings and the record so far."""
 
@@ -134,29 +179,16 @@ class _Episode:
     recorder: Recorder | None
     traj: Trajectory
     where: dict[str, Any]
-    first_obs: Observation | None = None
-    turns: list[Turn] = field(default_factory=list)
-    views: dict[str, _View] | None = None    # per agent, on a MultiAgentEnv (else one shared history)
+    histories: Histories = field(default_factory=Histories)
     pending: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
     hinter: Any = None                      # a hint source (judges.hints), or None
     hinting: list[tuple[Step, asyncio.Task]] = field(default_factory=list)
     prompts: dict[int, tuple[list[dict], list[dict] | None, Policy]] = field(default_factory=dict)
 
-    def history(self, role: str) -> tuple[Observation | None, list[Turn]]:
-        """What ``role`` is shown: the first observation and the turns since."""
-        if self.views is None:
-            return self.first_obs, self.turns
-        view = self.views[role]
-        return view.first, view.turns
-
     def after_step(self, step: Step, info: dict[str, Any]) -> None:
         """Record the step in the history (or histories) the next prompts are built from."""
-        valid = bool(step.next_state.get("valid", True))
-        if self.views is None:
-            self.turns.append(Turn(step.text, step.observation, valid=valid))
-            return
-        self.views[step.role].waiting = (step.text, valid)
-        self.views[info.get("next_agent", step.role)].receive(step.observation)
+        self.histories.record(step.role, step.text, step.observation, bool(step.next_state.get("valid", True)),
+                              info.get("next_agent", step.role))
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking env call, run in the episode's thread pool."""
@@ -168,11 +200,8 @@ async def _act(ep: _Episode) -> tuple[str, list[dict], Generation, float]:
     role = ep.router(len(ep.traj.steps), ep.traj)
     if role not in ep.roles:
         raise KeyError(f"router chose role {role!r}, but the policies are {sorted(ep.roles)}")
-    policy, env = ep.roles[role], ep.env
-    env_tools = env.tools_for(role) if ep.views is not None else env.tools
-    system, tools = prompt_head(env.family, env_tools, policy, ep.chat, getattr(ep.router, "notes", {}).get(role))
-    first, turns = ep.history(role)
-    messages = build_messages(system, first, turns, policy=policy, tools=tools, config=ep.chat)
+    policy = ep.roles[role]
+    messages, tools = role_prompt(ep.env, role, ep.histories, policy, ep.chat, getattr(ep.router, "notes", {}).get(role))
     t0 = time.monotonic()
     gen = await policy.generate(messages, tools, **ep.gen_kw)
     if ep.hinter is not None:   # kept to build the teacher context once a hint comes
@@ -269,10 +298,8 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                   hinter=hinter)
     try:
         raw_first, _ = await ep.in_thread(partial(env.reset, options={"task": task}))
-        ep.first_obs = prev_obs = env.present(raw_first)  # the one view of an observation
-        if isinstance(env, MultiAgentEnv):
-            ep.views = {agent: _View() for agent in env.possible_agents}
-            ep.views[env.agent_selection].receive(ep.first_obs)
+        prev_obs = env.present(raw_first)  # the one view of an observation
+        ep.histories = Histories.start(env, prev_obs)
         while True:
             step, terminated, truncated, info = await _step_env(ep, *await _act(ep))
             if "aborted" in info:
@@ -378,12 +405,29 @@ async def collect(env_factory: Callable[[], Any], policies: Policy | Mapping[str
         executor.shutdown(wait=False)
 
 
+def agent_measures(env_cls: type, tasks: Sequence[Any], trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Each agent's own measures (:meth:`~envs.multiagent.MultiAgentEnv.agent_measures`, e.g.
+    ``reader/word_told``), averaged over the episodes not aborted that say something about
+    them; ``{}`` for a single-agent family."""
+    if not issubclass(env_cls, MultiAgentEnv):
+        return {}
+    by_id = {t.id: t for t in tasks}
+    values: dict[str, list[float]] = {}
+    for traj in trajectories:
+        if traj.status != "aborted" and traj.task_id in by_id:
+            measured = env_cls.agent_measures(by_id[traj.task_id], [(s.role, s.action) for s in traj.steps])
+            for name, value in measured.items():
+                values.setdefault(name, []).append(value)
+    return {name: sum(v) / len(v) for name, v in values.items()}
+
+
 async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str, Policy],
                   tasks: Sequence[Any], *, step: int, n_samples: int = 1, parallel: int = 8,
                   router: Callable[[int, Trajectory], str] | None = None,
                   recorder: Recorder | None = None, chat: ChatConfig | None = None,
-                  sampling: Mapping[str, Any] | None = None) -> dict[str, float]:
-    """Held-out success after ``step`` updates: ``tasks`` played without a judge, not trained on.
+                  sampling: Mapping[str, Any] | None = None, env_cls: type | None = None) -> dict[str, float]:
+    """Held-out success after ``step`` updates: ``tasks`` played without a judge, not trained on;
+    with ``env_cls`` (a multi-agent family), each agent's own measures too (``eval/<agent>/…``).
 
     The episodes are recorded with ``heldout: true`` and ``train_step: step`` (group ids
     ``<task id>@eval<step>``), so ``python -m train.view`` shows them apart from training's.
@@ -393,9 +437,10 @@ async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str
                           batch_tag=f"eval{step}", fields={"heldout": True, "train_step": step},
                           progress=False)
     done = [t for t in trajs if t.status != "aborted"]
+    measures = agent_measures(env_cls, tasks, done) if env_cls is not None else {}
     return {"eval/success": sum((t.outcome or 0.0) > 0 for t in done) / len(done) if done else 0.0,
             "eval/outcome": sum(t.outcome or 0.0 for t in done) / len(done) if done else 0.0,
-            "eval/episodes": len(done)}
+            "eval/episodes": len(done), **{f"eval/{k}": v for k, v in measures.items()}}
 
 
 def role_router(cfg: Config) -> Router | None:

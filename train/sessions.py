@@ -14,6 +14,12 @@ client that rewrote it, a different tokenization), the turn is marked
 is not trained on. A client that leaves the answer out and adds a message
 instead (mini-swe-agent's reply to a malformed action) marks it ``dropped``:
 that message is about the answer as generated, and it is its next state.
+
+Concurrent requests on one named session: a request continues the branch (a trajectory of
+that session) whose waiting turn its messages extend, else the latest branch with no request
+in flight; when every branch has one in flight (the client sent two requests at once, so the
+second cannot hold the first's answer), it starts a new branch: a trajectory of its own
+(``group_id`` ``<id>#<n>``), trained like any other. Nothing waits and nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ class Turn:
     generation: Generation
     reply: dict                        # the assistant message sent to the client
     temperature: float
+    tools: list[dict] | None = None
     next_messages: list[dict] | None = None
     rewritten: bool = False            # sent back changed: not trained on
     dropped: bool = False              # not sent back; the new messages answer it (trained on)
+    hint: str | None = None            # the hint source's hint from its next state (OPD)
     started: float = field(default_factory=time.time)
 
     def continued_by(self, messages: list[dict]) -> bool:
@@ -77,47 +85,73 @@ class Session:
     done: bool = False
     outcome: float | None = None
     scores: list[float] = field(default_factory=list)
+    inflight: int = 0                  # main requests claimed and not yet answered
+    waiting: list[tuple[Turn, float, list[int] | None]] = field(default_factory=list)   # judged, awaiting the outcome
+
+
+def _continued(sessions: list[Session], messages: list[dict]) -> Session | None:
+    """The session of ``sessions`` whose waiting turn ``messages`` continue: the longest such
+    turn; among equals, one whose answer the messages repeat unchanged, then the oldest."""
+    best, best_key = None, None
+    for s in sessions:
+        if s.last is None or not s.last.continued_by(messages):
+            continue
+        n = len(s.last.messages)
+        key = (n, canonical(messages[n]) == canonical(s.last.reply), -s.last.started)
+        if best_key is None or key > best_key:
+            best, best_key = s, key
+    return best
 
 
 class SessionTable:
     """Finds the session of each main-line request and the next state it brings."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, Session] = {}
-        self._uses: dict[str, int] = {}
+        self.sessions: dict[str, Session] = {}        # by group id: every session and branch
+        self.named: dict[str, list[Session]] = {}     # by the client's id, oldest first
 
     def _new(self, sid: str | None, messages: list[dict]) -> Session:
         keyed = sid is not None
         sid = sid or f"s-{uuid.uuid4().hex[:12]}"
-        uses = self._uses[sid] = self._uses.get(sid, 0) + 1
-        group = sid if uses == 1 else f"{sid}#{uses}"   # a name reused after its session ended
+        same = self.named.setdefault(sid, [])
+        group = sid if not same else f"{sid}#{len(same) + 1}"   # a branch, or a name reused after its end
         first_user = next((m for m in messages if m.get("role") == "user"), None)
         session = Session(sid, group, keyed, content_text(first_user.get("content")) if first_user else "")
-        self.sessions[sid] = session
+        same.append(session)
+        self.sessions[group] = session
         return session
 
     def get(self, sid: str) -> Session | None:
-        return self.sessions.get(sid)
+        """The latest session (or branch) named ``sid``."""
+        same = self.named.get(sid)
+        return same[-1] if same else None
+
+    def branches(self, sid: str) -> list[Session]:
+        """The open branches of the session named ``sid``, oldest first."""
+        return [s for s in self.named.get(sid, []) if not s.done]
+
+    def _branch(self, sid: str, messages: list[dict]) -> Session | None:
+        """The branch of named session ``sid`` a request continues: the one whose waiting turn
+        the messages extend (the longest), else the latest with no request in flight; None
+        when every branch is busy (the request then starts a new branch)."""
+        open_ = self.branches(sid)
+        going_on = _continued(open_, messages)
+        if going_on is not None:
+            return going_on
+        idle = [s for s in open_ if s.inflight == 0]
+        return idle[-1] if idle else None
 
     def match(self, messages: list[dict]) -> Session | None:
-        """The unnamed session whose waiting turn ``messages`` continue: the longest such turn;
-        among equals, one whose answer the messages repeat unchanged, then the oldest."""
-        best, best_key = None, None
-        for s in self.sessions.values():
-            if s.keyed or s.done or s.last is None or not s.last.continued_by(messages):
-                continue
-            n = len(s.last.messages)
-            key = (n, canonical(messages[n]) == canonical(s.last.reply), -s.last.started)
-            if best_key is None or key > best_key:
-                best, best_key = s, key
-        return best
+        """The unnamed session whose waiting turn ``messages`` continue (see :func:`_continued`)."""
+        return _continued([s for s in self.sessions.values() if not s.keyed and not s.done], messages)
 
     def claim(self, messages: list[dict], sid: str | None) -> tuple[Session, Turn | None]:
         """The session of a main-line request, and its previous turn if this request is that
         turn's next state (``next_messages`` and ``rewritten`` are then set on it)."""
-        session = self.sessions.get(sid) if sid is not None else self.match(messages)
-        if session is None or session.done:
-            return self._new(sid, messages), None
+        session = self._branch(sid, messages) if sid is not None else self.match(messages)
+        if session is None:
+            session = self._new(sid, messages)
+        session.inflight += 1
         prev, session.last = session.last, None
         if prev is None:
             return session, None
@@ -142,6 +176,11 @@ class SessionTable:
         """``turn`` becomes the session's latest, waiting for its next state."""
         session.turns += 1
         session.last = turn
+        self.release(session)
+
+    def release(self, session: Session) -> None:
+        """A claimed request is over (answered, failed or aborted)."""
+        session.inflight = max(0, session.inflight - 1)
 
     def open(self) -> list[Session]:
         return [s for s in self.sessions.values() if not s.done]

@@ -14,6 +14,11 @@ schemas and history). The episodes come from
   kept pass or fail: a warm start that knows the format and the mapping but
   reads only half of the time (held-out success about 5/8 with 4 words).
 
+On a multi-agent family (:class:`~envs.multiagent.MultiAgentEnv`, e.g. ``relay``) every
+example is one agent's step given that agent's own view, as the agent loop shows it, and
+``--roles`` picks whose steps train the model: one model per role (``--roles reader``), or one
+shared by several (``--roles reader+writer``, the default: every role).
+
 It works with any local model (``--model tiny``, a directory, a hub name) and
 writes a model directory that ``python -m train --model DIR`` loads::
 
@@ -21,7 +26,9 @@ writes a model directory that ``python -m train --model DIR`` loads::
     python -m train.sft --env terminal --rollouts runs/terminal/rollouts.jsonl --output runs/sft2
 
 ``python -m train`` runs it by itself before RL when the config's ``sft``
-section has ``steps > 0`` (the CPU demo does), into ``<output>/warm_start``.
+section has ``steps > 0`` (the CPU demos do), into ``<output>/warm_start``; with
+``agents``, one per policy into ``<output>/warm_start/<name>``, each from that policy's model
+and on the steps of its own roles.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from agents.chat import ChatConfig, Turn, action_text, build_messages, prompt_head
+from agents.chat import ChatConfig, action_text
 from envs import env_class, registry
 
 log = logging.getLogger(__name__)
@@ -45,19 +52,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Example:
-    """One step to imitate: the chat messages before it, the action text the agent wrote, and
-    whether the tool list was rendered into the prompt (it is when there is a system turn)."""
+    """One step to imitate: the chat messages before it, the action text the agent wrote, the
+    role that wrote it, and the tools its prompt renders (as the agent loop passed them)."""
 
     messages: list[dict]
     text: str
-
-    @property
-    def with_tools(self) -> bool:
-        return bool(self.messages) and self.messages[0].get("role") == "system"
+    role: str = "agent"
+    tools: list[dict] | None = None
 
 
-def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0) -> list[Example]:
-    """The steps of every trajectory in ``paths`` whose outcome is above ``min_outcome``."""
+def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0,
+                           roles: Iterable[str] = ("agent",)) -> list[Example]:
+    """The steps of ``roles`` in every trajectory in ``paths`` whose outcome is above ``min_outcome``."""
+    roles = set(roles)
     examples: list[Example] = []
     for path in paths:
         steps: dict[tuple, list[tuple[int, Example]]] = {}
@@ -70,8 +77,9 @@ def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             key = (row.get("group_id"), row.get("sample"))
-            if row.get("kind") == "step" and row.get("role", "agent") == "agent":
-                steps.setdefault(key, []).append((row["step"], Example(row["messages"], row["text"])))
+            if row.get("kind") == "step" and row.get("role", "agent") in roles:
+                steps.setdefault(key, []).append((row["step"], Example(row["messages"], row["text"],
+                                                                       row.get("role", "agent"))))
             elif row.get("kind") == "trajectory" and row.get("status") != "aborted" \
                     and (row.get("outcome") or 0.0) > min_outcome:
                 good.append(key)
@@ -83,36 +91,48 @@ def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0
 SOURCES = ("oracle", "hasty")
 
 
+def hasty_plan(task: Any, rng: random.Random) -> list[dict]:
+    """The hasty behaviour policy's actions on ``task``: procedural and outdir tasks
+    (:func:`envs.terminal.procedural.hasty_actions`, :func:`envs.terminal.outdir.hasty_actions`)
+    and relay (:func:`envs.relay.env.hasty_actions`, in turn order)."""
+    from envs.relay import env as relay
+    from envs.terminal import outdir, procedural
+
+    if task.category == relay.CATEGORY:
+        return relay.hasty_actions(task, rng)
+    if not task.data.get("choices"):
+        raise ValueError(f"sft source hasty needs procedural or relay tasks; {task.id} has no choices")
+    behaviour = outdir.hasty_actions if task.data.get("behaviour") == "outdir" else procedural.hasty_actions
+    return behaviour(task, rng)
+
+
 def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: str = "oracle",
                    rng: random.Random | None = None) -> list[Example]:
     """Play ``task``'s reference actions on ``env``; its steps when the check passed, else [].
 
-    ``source="hasty"`` (procedural tasks only) plays a behaviour policy instead that
-    reads the note half of the time (:func:`envs.terminal.procedural.hasty_actions`); its valid
-    steps are kept whether the check passed or not, so a model trained on them learns the
-    format and the mapping but not to always read first."""
-    from envs.terminal import outdir, procedural
+    Each step's prompt is the one the agent loop builds (:func:`train.rollout.role_prompt`): on a
+    :class:`~envs.multiagent.MultiAgentEnv` the acting agent's own view (its briefing, its turns,
+    what reached its inbox), and the example names that agent as its role.
+    ``source="hasty"`` plays a behaviour policy instead that looks half of the time
+    (:func:`hasty_plan`); its valid steps are kept whether the check passed or not, so a model
+    trained on them learns the format and the mapping but not to always look first."""
+    from envs.multiagent import MultiAgentEnv
+    from train.rollout import Histories, role_prompt
 
-    if source == "hasty":
-        if not task.data.get("choices"):
-            raise ValueError(f"sft source hasty needs procedural tasks; {task.id} has no choices")
-        behaviour = outdir.hasty_actions if task.data.get("behaviour") == "outdir" else procedural.hasty_actions
-        plan = behaviour(task, rng or random.Random(0))
-    else:
-        plan = env.oracle_actions(task, "gold")
+    plan = hasty_plan(task, rng or random.Random(0)) if source == "hasty" else env.oracle_actions(task, "gold")
     first_obs, _ = env.reset(options={"task": task})
-    system, tools = prompt_head(env.family, env.tools, policy, chat)
-    turns: list[Turn] = []
+    histories = Histories.start(env, env.present(first_obs))
     out: list[Example] = []
     reward = -1.0
     for action in plan:
-        messages = build_messages(system, first_obs, turns, policy=policy, tools=tools, config=chat)
+        role = env.agent_selection if isinstance(env, MultiAgentEnv) else "agent"
+        messages, tools = role_prompt(env, role, histories, policy, chat)
         text = action_text(action)
         obs, reward, terminated, truncated, info = env.step(text)
         if "aborted" in info or not info["next_state"].get("valid", True):
             return []
-        out.append(Example(messages, text))
-        turns.append(Turn(text, obs, valid=bool(info["next_state"].get("valid", True))))
+        out.append(Example(messages, text, role, tools))
+        histories.record(role, text, env.present(obs), True, info.get("next_agent", role))
         if terminated or truncated:
             break
     return out if reward > 0 or source == "hasty" else []
@@ -139,7 +159,7 @@ def oracle_examples(env_factory: Callable[[], Any], tasks: list[Any], policy: An
     return [ex for ep in episodes for ex in ep]
 
 
-def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *, steps: int, lr: float,
+def fine_tune(policy: Any, examples: list[Example], *, steps: int, lr: float,
               batch_size: int, seed: int = 0, progress: bool = True) -> list[float]:
     """``steps`` AdamW updates of token-mean cross-entropy on the examples' responses (in place
     on ``policy.model``); returns the loss of every step."""
@@ -152,8 +172,7 @@ def fine_tune(policy: Any, examples: list[Example], tools: list[dict] | None, *,
     if not examples:
         raise ValueError("no successful trajectories to fine-tune on")
     tok = policy.tokenizer
-    kw_tools = tools if policy.renders_tools else None
-    samples = [Sample(policy.prompt_ids(ex.messages, kw_tools if ex.with_tools else None),
+    samples = [Sample(policy.prompt_ids(ex.messages, ex.tools),
                       tok.encode(ex.text, add_special_tokens=False),
                       [], 0.0, 0.0) for ex in examples]
     samples = [s for s in samples if s.response_ids]
@@ -200,29 +219,40 @@ def save(policy: Any, output: Path, meta: dict[str, Any]) -> Path:
 def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollouts: list[str] | None = None,
         steps: int = 150, lr: float = 1e-3, batch_size: int = 16, seed: int = 0, parallel: int = 4,
         max_steps: int | None = None, chat: ChatConfig | None = None, min_outcome: float = 0.0,
-        source: str = "oracle", progress: bool = True) -> dict[str, Any]:
-    """Collect the examples, fine-tune ``model``, save it to ``output``; returns the run's summary."""
+        source: str = "oracle", roles: tuple[str, ...] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Collect the examples of ``roles`` (default: every agent of the family), fine-tune ``model``
+    on them, save it to ``output``; returns the run's summary."""
     from agents.hf_policy import HFPolicy
+    from envs.multiagent import MultiAgentEnv
 
     chat = chat or ChatConfig()
     cls = env_class(env)
+    multi = issubclass(cls, MultiAgentEnv)
+    family_roles = tuple(cls.possible_agents) if multi else ("agent",)
+    roles = roles or family_roles
+    if unknown := sorted(set(roles) - set(family_roles)):
+        raise ValueError(f"{env} has no role {unknown[0]!r} (its roles: {', '.join(family_roles)})")
     policy = HFPolicy(model, seed=seed)
     try:
         examples: list[Example] = []
-        if rollouts:
-            examples += examples_from_rollouts(rollouts, min_outcome)
+        if rollouts:   # a recorded prompt with a system turn rendered its role's tools, if the policy could
+            for ex in examples_from_rollouts(rollouts, min_outcome, roles):
+                system = bool(ex.messages) and ex.messages[0].get("role") == "system"
+                ex.tools = (cls.agent_tools[ex.role] if multi else cls.tools) if system and policy.renders_tools else None
+                examples.append(ex)
         if tasks:
             pool = cls.make_pool(parallel)
             try:
                 task_list = list(cls(tasks=tasks).tasks)
-                examples += oracle_examples(lambda: cls(tasks=tasks, pool=pool, max_steps=max_steps),
-                                            task_list, policy, chat, parallel, source, seed)
+                examples += [ex for ex in oracle_examples(lambda: cls(tasks=tasks, pool=pool, max_steps=max_steps),
+                                                          task_list, policy, chat, parallel, source, seed)
+                             if ex.role in roles]
             finally:
                 pool.close()
-        losses = fine_tune(policy, examples, cls.tools, steps=steps, lr=lr, batch_size=batch_size,
+        losses = fine_tune(policy, examples, steps=steps, lr=lr, batch_size=batch_size,
                            seed=seed, progress=progress)
         summary = {"model": model, "env": env, "tasks": tasks, "source": source, "rollouts": rollouts,
-                   "examples": len(examples),
+                   "roles": list(roles), "examples": len(examples),
                    "steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
                    "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
         save(policy, output, summary)
@@ -232,25 +262,41 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
         asyncio.run(policy.aclose())
 
 
-def warm_start(cfg: Any, output: Path, progress: bool = True) -> Path:
+def warm_start(cfg: Any, output: Path, progress: bool = True, *, model: str | None = None,
+               roles: tuple[str, ...] | None = None) -> Path:
     """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
-    made with the same settings)."""
+    made with the same settings): ``model`` (default ``model.name``) fine-tuned on the steps
+    of ``roles`` (default: every agent of the family)."""
     from train.rollout import chat_config
 
-    recipe = {"model": cfg.model.name, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
+    model = model or cfg.model.name
+    recipe = {"model": model, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
               "batch_size": cfg.sft.batch_size, "seed": cfg.run.seed, "max_steps": cfg.env.max_steps,
               "context": cfg.rollout.max_context_tokens, "response": cfg.rollout.max_response_tokens,
-              "system_prompt": cfg.rollout.system_prompt}
+              "system_prompt": cfg.rollout.system_prompt, **({"roles": list(roles)} if roles else {})}
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     done = output / "sft.json"
     if done.is_file() and json.loads(done.read_text()).get("recipe") == key:
         return output
-    summary = run(env=cfg.env.family, model=cfg.model.name, output=output, tasks=cfg.sft.tasks,
+    summary = run(env=cfg.env.family, model=model, output=output, tasks=cfg.sft.tasks,
                   steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
                   parallel=cfg.rollout.parallel, max_steps=cfg.env.max_steps, source=cfg.sft.source,
-                  chat=chat_config(cfg), progress=progress)
+                  roles=roles, chat=chat_config(cfg), progress=progress)
     done.write_text(json.dumps({**summary, "recipe": key}, indent=1) + "\n")
     return output
+
+
+def warm_starts(cfg: Any, output: Path, progress: bool = True) -> dict[str, str]:
+    """The model each policy of a run starts from (:func:`~train.config.policy_roles`): without
+    ``agents``, one warm start at ``output``; with them, one per policy at ``output/<name>``,
+    fine-tuned from that policy's model on the steps of its own roles."""
+    from train.config import policy_roles
+
+    if not cfg.agents:
+        start = str(warm_start(cfg, output, progress))
+        return {name: start for name in policy_roles(cfg)}
+    return {name: str(warm_start(cfg, output / name, progress, model=cfg.agents[name], roles=roles))
+            for name, roles in policy_roles(cfg).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", help="task source for oracle runs (e.g. procedural:0:64, a task directory)")
     p.add_argument("--source", default="oracle", choices=SOURCES,
                    help="what plays --tasks: the reference solution (kept when it passes), or hasty "
-                        "(procedural tasks: read the note half of the time, else guess; kept pass or fail)")
+                        "(procedural and relay tasks: look half of the time, else guess; kept pass or fail)")
+    p.add_argument("--roles", metavar="ROLE[+ROLE...]",
+                   help="train on the steps of these roles only (a multi-agent family: one model per role, "
+                        "or one shared by ROLE+ROLE; default: every role)")
     p.add_argument("--rollouts", nargs="*", default=[], help="rollouts.jsonl files of earlier runs")
     p.add_argument("--min-outcome", type=float, default=0.0, help="keep trajectories with an outcome above this")
     p.add_argument("--steps", type=int, default=150, help="optimizer updates")
@@ -287,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                       rollouts=args.rollouts, steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                       seed=args.seed, parallel=args.parallel, max_steps=args.max_steps,
                       min_outcome=args.min_outcome, source=args.source,
+                      roles=tuple(args.roles.split("+")) if args.roles else None,
                       chat=ChatConfig(system_prompt=not args.no_system_prompt))
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,10 +9,16 @@ note's word, -1 otherwise (and -1 when the steps run out).
 
 Seeds: ``relay:START:COUNT``, ``relay:train`` (0..1023) and ``relay:heldout``
 (1000000..1000063, never trained on).
+
+:func:`hasty_actions` is a behaviour policy for warm starts (``python -m train.sft --source
+hasty``) that leaves each agent something to learn: the reader looks half of the time, the
+writer repeats what it was told half of the time.
 """
 
 from __future__ import annotations
 
+import random
+import re
 import shlex
 from typing import Any, ClassVar, Iterable
 
@@ -22,6 +28,7 @@ from envs.multiagent import MultiAgentEnv
 from envs.terminal.procedural import WORDS
 
 PREFIX = "relay:"
+CATEGORY = "relay"
 NOTE = "/app/note"
 NAMED = {"train": (0, 1024), "heldout": (1_000_000, 64)}
 INSTRUCTION = f"Team task: answer the word held in {NOTE}. The reader can read files; the writer answers."
@@ -39,7 +46,7 @@ ANSWER = tool_schema("answer", "Answer the word; this ends the episode.", {"word
 def instance(seed: int) -> Task:
     """The task of ``seed``: the same on every machine."""
     word = WORDS[seed % len(WORDS)]
-    return Task(f"relay-{seed}", INSTRUCTION, {"seed": seed, "value": word}, category="relay")
+    return Task(f"relay-{seed}", INSTRUCTION, {"seed": seed, "value": word}, category=CATEGORY)
 
 
 def load(source: str) -> list[Task]:
@@ -54,6 +61,28 @@ def load(source: str) -> list[Task]:
     return [instance(seed) for seed in range(start, start + count)]
 
 
+def hasty_actions(task: Task, rng: random.Random) -> list[dict]:
+    """A warm start's behaviour policy, in turn order. The reader reads the note and tells its
+    word half of the time, otherwise it tells a word drawn at random without reading; the writer
+    answers the word it was told half of the time, otherwise a word drawn at random. Each is
+    right 5 times in 8; the team succeeds about 7 times in 16."""
+    read = rng.random() < 0.5
+    told = task.data["value"] if read else rng.choice(WORDS)
+    answer = {"name": "answer", "arguments": {"word": told if rng.random() < 0.5 else rng.choice(WORDS)}}
+    if not read:
+        return [_say(told), answer]
+    return [{"name": "bash", "arguments": {"command": f"cat {NOTE}"}}, _say("ready"), _say(told), answer]
+
+
+def _say(text: str) -> dict:
+    return {"name": "say", "arguments": {"message": text}}
+
+
+def words(text: str) -> set[str]:
+    """The lower-case words of ``text``."""
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
 class RelayEnv(MultiAgentEnv):
     """Reader and writer pass the note's word on (see the module docstring)."""
 
@@ -62,6 +91,9 @@ class RelayEnv(MultiAgentEnv):
     agent_tools: ClassVar[dict[str, list[dict[str, Any]]]] = {"reader": [BASH, SAY], "writer": [SAY, ANSWER]}
     tools: ClassVar[list[dict[str, Any]]] = [BASH, SAY, ANSWER]
     default_max_steps = 8
+    measures: ClassVar[dict[str, str]] = {
+        "reader/word_told": "reader: says that carry the note's word",
+        "writer/answer_as_told": "writer: answers that repeat the reader's word"}
 
     def load_tasks(self, source: Any) -> list[Task]:
         if source is None:
@@ -90,6 +122,22 @@ class RelayEnv(MultiAgentEnv):
             return ToolResult(f"Your message was passed to the {other}.", exit_code=0)
         self.answer = str(call.arguments["word"]).strip()
         return ToolResult(f"You answered {self.answer!r}.", exit_code=0, done=True)
+
+    @classmethod
+    def agent_measures(cls, task: Task, actions: list[tuple[str, dict[str, Any] | None]]) -> dict[str, float]:
+        """``reader/word_told``: the share of the reader's ``say`` messages that carry the note's
+        word; ``writer/answer_as_told``: whether the writer's answer is a word the reader said."""
+        said = [str(a["arguments"].get("message", "")) for agent, a in actions
+                if agent == "reader" and a and a["name"] == "say"]
+        answers = [str(a["arguments"].get("word", "")).strip().lower() for agent, a in actions
+                   if agent == "writer" and a and a["name"] == "answer"]
+        out = {}
+        if said:
+            out["reader/word_told"] = sum(task.data["value"] in words(m) for m in said) / len(said)
+        if answers:
+            heard = set().union(*map(words, said))
+            out["writer/answer_as_told"] = float(answers[-1] in heard)
+        return out
 
     def compute_outcome(self) -> Outcome:
         word = self.task.data["value"]

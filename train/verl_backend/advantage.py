@@ -12,17 +12,24 @@ response mask; so do the members of constant buckets when those are
 dropped. A zero response mask removes a row from veRL's token-mean loss (and
 from its token count), which is how a row is dropped from a batch whose size
 veRL has already fixed.
+
+On-Policy Distillation: the agent loop puts each hinted step's teacher context
+(``FIELD_TEACHER_PROMPT``, its prompt ids with the hint) in ``extra_fields``; the
+trainer mode has the teacher score the step's response there and hands
+:func:`step_advantages` a :class:`TeacherScores`, whose rows get the local backend's
+per-token advantage (:func:`train.advantage.token_advantages`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from verl.protocol import DataProto
 
-from train.advantage import StepRows, compute_advantages
+from train.advantage import StepRows, compute_advantages, token_advantages, trained_rows
 
 FIELD_STEP = "nextstate_step"
 FIELD_OUTCOME = "nextstate_outcome"
@@ -31,7 +38,21 @@ FIELD_STATE = "nextstate_state"
 FIELD_EPISODE = "nextstate_episode"
 FIELD_ABORTED = "nextstate_aborted"
 FIELD_SCORE = "nextstate_judge_score"       # the judge's majority vote (None: the step was not judged)
-FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE)
+FIELD_HINT = "nextstate_hint"                # the step's selected hint (None: no hint)
+FIELD_TEACHER_PROMPT = "nextstate_teacher_prompt_ids"   # its teacher context's token ids (None: no hint)
+FIELDS = (FIELD_STEP, FIELD_OUTCOME, FIELD_VOTE_MEAN, FIELD_STATE, FIELD_EPISODE, FIELD_ABORTED, FIELD_SCORE,
+          FIELD_HINT)
+
+
+@dataclass
+class TeacherScores:
+    """OPD's inputs for a batch: which rows were scored in a teacher context, and per response
+    token (``[n, T]``, like the response mask) log pi_teacher there and log pi_old."""
+
+    hinted: np.ndarray
+    log_probs: torch.Tensor
+    old_log_probs: torch.Tensor
+    weight_opd: float
 
 
 def _column(nt: dict[str, np.ndarray], name: str, n: int, default: Any) -> np.ndarray:
@@ -42,11 +63,14 @@ def _column(nt: dict[str, np.ndarray], name: str, n: int, default: Any) -> np.nd
 
 
 def step_advantages(data: DataProto, *, key: str = "step_index", weight: float = 1.0, eps: float = 1e-6,
-                    drop_constant: bool = True) -> tuple[DataProto, dict[str, float]]:
+                    drop_constant: bool = True, weight_rl: float = 1.0,
+                    teacher: TeacherScores | None = None) -> tuple[DataProto, dict[str, float]]:
     """Set ``advantages``, ``returns`` and ``response_mask`` of ``data``; returns metrics.
 
     Needs ``batch["response_mask"]`` and ``non_tensor_batch["uid"]`` plus the
-    ``FIELD_*`` columns (``is_padding`` optional).
+    ``FIELD_*`` columns (``is_padding`` optional). Under OPD, ``weight_rl`` is ``w_rl``
+    (:func:`train.advantage.rl_weight`) and ``teacher`` the teacher's scores: a row trains
+    when it is kept and ``w_rl != 0``, or when it is hinted (:func:`train.advantage.trained_rows`).
     """
     nt = data.non_tensor_batch
     mask = data.batch["response_mask"]
@@ -63,8 +87,20 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     adv = np.zeros(n)
     keep = np.zeros(n, dtype=bool)
     adv[valid], keep[valid] = result.advantages, result.keep
-    new_mask = mask * torch.as_tensor(keep, device=mask.device)[:, None].to(mask.dtype)
-    advantages = torch.as_tensor(adv, dtype=torch.float32, device=mask.device)[:, None] * new_mask
+    hinted = valid & (teacher.hinted if teacher is not None else np.zeros(n, dtype=bool))
+    train = valid & trained_rows(keep, hinted, weight_rl)
+    new_mask = mask * torch.as_tensor(train, device=mask.device)[:, None].to(mask.dtype)
+    a_rl = weight_rl * adv
+    tokens = np.repeat(a_rl[:, None], mask.shape[1], axis=1)
+    opd_metrics = {}
+    if teacher is not None:
+        teacher_lp, old_lp = teacher.log_probs.cpu().numpy(), teacher.old_log_probs.cpu().numpy()
+        tokens[hinted] = token_advantages(teacher_lp[hinted], old_lp[hinted], a_rl[hinted, None], teacher.weight_opd)
+        on = mask.bool().cpu().numpy() & hinted[:, None]
+        gaps = (teacher_lp - old_lp)[on]
+        opd_metrics = {"opd/hinted_samples": int(hinted.sum()), "opd/scored_samples": int(hinted.sum()),
+                       **({"opd/teacher_gap_mean": float(gaps.mean())} if len(gaps) else {})}
+    advantages = torch.as_tensor(tokens, dtype=torch.float32, device=mask.device) * new_mask
     data.batch["advantages"] = advantages
     data.batch["returns"] = advantages.clone()
     data.batch["response_mask"] = new_mask
@@ -77,7 +113,7 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
     votes = rows.vote_mean[~np.isnan(rows.vote_mean)]
     scores = [float(v) for v in _column(nt, FIELD_SCORE, n, None)[valid] if v is not None]
     metrics = {
-        "nextstate/samples": int(keep.sum()),
+        "nextstate/samples": int(train.sum()),
         **{f"nextstate/{k}": v for k, v in result.summary().items()},
         "nextstate/aborted_episodes": len(set(episodes[aborted & ~padding].tolist())),
         "nextstate/step_outcome_mean": float(rows.outcome.mean()) if len(rows) else 0.0,
@@ -87,5 +123,6 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
         "nextstate/episode_length_mean": float(np.mean(list(lengths.values()))) if lengths else 0.0,
         "nextstate/vote_mean": float(votes.mean()) if len(votes) else 0.0,
         "nextstate/judge_score_mean": float(np.mean(scores)) if scores else 0.0,
+        **opd_metrics,
     }
     return data, metrics

@@ -12,9 +12,14 @@ lands. ``run`` returns a *list* of :class:`AgentLoopOutput`, one per step
 response = that step's sampled tokens, ``reward_score`` = the episode
 outcome, and the step index, judge vote mean, state hash and episode id in
 ``extra_fields`` for the ``nextstate`` trainer mode's advantage computation.
+Under On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``) the hint source
+of the local path (:func:`train.rollout.make_hinter`) reads each step's next state,
+and a hinted step also carries its hint and its teacher context's token ids (the
+prompt with the hint, :func:`judges.hints.teacher_messages` through this loop's chat
+template, as ``run_episode`` builds it on both backends).
 
 Per worker process the loops share one sandbox pool, a pool of environment
-instances, the env threads, the step judge and the rollout log (``<output>/rollouts.jsonl``,
+instances, the env threads, the step judge, the hint source and the rollout log (``<output>/rollouts.jsonl``,
 one file per worker process when there are several) (:class:`EpisodeResources`). The run's
 settings are the ``nextstate`` section of veRL's config (a serialized
 :class:`train.config.Config`).
@@ -42,9 +47,9 @@ from envs.pool import EnvCache
 from train.advantage import states_before
 from train.batch import trainable
 from train.config import Config, config_from_dict
-from train.rollout import chat_config, make_envs, make_judge, run_episode, single_role
-from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_OUTCOME, FIELD_SCORE, FIELD_STATE,
-                                          FIELD_STEP, FIELD_VOTE_MEAN)
+from train.rollout import chat_config, make_envs, make_hinter, make_judge, run_episode, single_role
+from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_SCORE,
+                                          FIELD_STATE, FIELD_STEP, FIELD_TEACHER_PROMPT, FIELD_VOTE_MEAN)
 from train.verl_backend import RUN_ENV
 
 log = logging.getLogger(__name__)
@@ -127,6 +132,8 @@ class EpisodeResources:
         self.tasks = {t.id: t for t in tasks}
         self._judge: Any = None
         self._judge_made = False
+        self._hinter: Any = None
+        self._hinter_made = False
         self.executor = ThreadPoolExecutor(max_workers=per_worker, thread_name_prefix="nextstate-env")
         self.envs = EnvCache(self.factory)
         name = "rollouts.jsonl" if workers <= 1 else f"rollouts.{os.getpid()}.jsonl"
@@ -140,6 +147,16 @@ class EpisodeResources:
             self._judge = make_judge(self.cfg, policy() if self.cfg.judge.mode == "policy" else None)
             self._judge_made = True
         return self._judge
+
+    def hinter(self, policy: Callable[[], Policy]) -> Any:
+        """The process's one hint source (None with ``opd.mode=rl``), made like :meth:`judge`:
+        an LLM hint judge without ``judge.mode=url`` asks ``policy()``."""
+        if not self._hinter_made:
+            needs_policy = self.cfg.opd.mode != "rl" and self.cfg.opd.hint_source == "judge" \
+                and self.cfg.judge.mode != "url"
+            self._hinter = make_hinter(self.cfg, policy() if needs_policy else None)
+            self._hinter_made = True
+        return self._hinter
 
     def close(self) -> None:
         """Close the envs and the sandbox pool."""
@@ -199,7 +216,8 @@ def step_outputs(traj: Trajectory, role: str, *, prompt_length: int, response_le
             extra_fields={FIELD_STEP: step.index, FIELD_OUTCOME: outcome,
                           FIELD_VOTE_MEAN: math.nan if step.vote_mean is None else float(step.vote_mean),
                           FIELD_STATE: state, FIELD_EPISODE: episode, FIELD_ABORTED: traj.status == "aborted",
-                          FIELD_SCORE: float(step.score) if step.votes else None,
+                          FIELD_SCORE: float(step.score) if step.votes else None, FIELD_HINT: step.hint,
+                          FIELD_TEACHER_PROMPT: list(step.teacher_prompt_ids) if step.teacher_prompt_ids else None,
                           "min_global_steps": min(versions), "max_global_steps": max(versions),
                           "reward_extra_info": {}, "turn_scores": [], "tool_rewards": []}))
     return outputs
@@ -215,16 +233,18 @@ class NextStateAgentLoop(AgentLoopBase):
         res = episode_resources(json.dumps(settings, sort_keys=True), int(self.rollout_config.agent.num_workers))
         extra = kwargs.get("extra_info") or {}
         task = res.tasks[extra["task_id"]]
-        policy = ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
-        judge = res.judge(lambda: ServerPolicy(self.server_manager, self.tokenizer, sampling_params,
-                                               self.apply_chat_template_kwargs))
+        def server_policy() -> ServerPolicy:
+            return ServerPolicy(self.server_manager, self.tokenizer, sampling_params, self.apply_chat_template_kwargs)
+
+        policy = server_policy()
+        judge, hinter = res.judge(server_policy), res.hinter(server_policy)
         chat = chat_config(cfg)     # the local path's prompt shape, budget and stop strings
         env = await res.envs.atake(res.executor)
         try:
             traj = await run_episode(env, {cfg.train.role: policy}, task=task, group_id=str(kwargs.get("uid", task.id)),
                                      sample=int(kwargs.get("session_id", 0)), judge=judge,
                                      router=single_role(cfg.train.role), executor=res.executor, chat=chat,
-                                     recorder=res.recorder)
+                                     recorder=res.recorder, hinter=hinter)
         finally:
             res.envs.give_back(env)
         return step_outputs(traj, cfg.train.role, prompt_length=self.rollout_config.prompt_length,

@@ -130,6 +130,12 @@ def eval_overrides(cfg: Config) -> list[str]:
     return ["trainer.val_before_train=true", f"trainer.test_freq={every}"]
 
 
+def needs_reference(cfg: Config) -> bool:
+    """Whether veRL makes its reference worker: for the KL loss (``train.kl_coef > 0``) or as
+    OPD's teacher (``opd.teacher=reference``; with ``kl_coef`` 0 the KL term then weighs 0)."""
+    return cfg.train.kl_coef > 0 or (cfg.opd.mode != "rl" and cfg.opd.teacher == "reference")
+
+
 def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
     """veRL config overrides that carry our settings."""
     r, t, v = cfg.rollout, cfg.train, cfg.verl
@@ -151,7 +157,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"{actor}.optim.clip_grad={t.grad_clip}",
         f"{actor}.clip_ratio={t.clip_low}", f"{actor}.clip_ratio_low={t.clip_low}",
         f"{actor}.clip_ratio_high={t.clip_high}", f"{actor}.policy_loss.loss_mode=vanilla",
-        f"{actor}.use_kl_loss={str(t.kl_coef > 0).lower()}", f"{actor}.kl_loss_coef={t.kl_coef}",
+        f"{actor}.use_kl_loss={str(needs_reference(cfg)).lower()}", f"{actor}.kl_loss_coef={t.kl_coef}",
         f"{actor}.kl_loss_type={t.kl_type}", f"{actor}.entropy_coeff={t.entropy_coef}",
         f"{actor}.loss_agg_mode={t.loss_agg_mode}", f"{actor}.ppo_epochs=1",
         f"{actor}.ppo_mini_batch_size={r.tasks_per_step}",   # the trainer mode sets it per step (updates_per_step)

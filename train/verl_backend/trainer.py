@@ -10,6 +10,18 @@ writes ``advantages``, ``returns`` and the (possibly zeroed) response and
 loss masks back. The settings come from the ``nextstate`` section of the
 config (see :mod:`train.verl_backend.launch`).
 
+On-Policy Distillation happens in the same hook (:meth:`NextStateTrainer._score_teacher`):
+veRL 0.9.1's registered advantage estimators see token rewards, the mask and the
+prompt ``uid``, not the step rows or a second forward pass, and this hook already
+replaces their call. For the hinted samples (``FIELD_TEACHER_PROMPT`` in ``extra_fields``)
+it copies each sample's TransferQueue entry into a partition of its own with the teacher
+context as the prompt (``teacher prompt ids + response ids``), has the frozen reference
+worker score it (``compute_ref_log_prob``; ``opd.teacher=policy``: the actor's
+``compute_log_prob``, the weights that are about to be updated), reads back the response
+tokens' log-probs only and clears the copies; :func:`~train.verl_backend.advantage.step_advantages`
+then sets ``A_t = w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``, with veRL's
+``old_log_probs`` as ``log pi_old``.
+
 The mode also writes the local backend's ``metrics.jsonl`` and ``curves.png``
 (:func:`local_metrics`) and ``advantages.jsonl`` (:func:`advantage_rows`: the
 advantages each actor update reads) to the run's output folder, runs the run's
@@ -19,6 +31,7 @@ and on the ``cpu`` platform starts its workers as :class:`CPUActorRolloutRefWork
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -29,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf, read_write
 from tensordict import TensorDict
@@ -37,18 +51,22 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
-from verl.workers.utils.padding import response_to_nested
+from verl.trainer.ppo.padding_utils import build_padding_position_ids
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from train.advantage import step_rewards
+from train.advantage import rl_weight, step_rewards
 from train.checkpoint import resume_line
 from train.config import config_from_dict
 from train.verl_backend import RUN_ENV
-from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_OUTCOME, FIELD_STEP, FIELD_VOTE_MEAN, FIELDS,
-                                          step_advantages)
+from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_STEP, FIELD_TEACHER_PROMPT,
+                                          FIELD_VOTE_MEAN, FIELDS, TeacherScores, step_advantages)
 from train.verl_backend.heldout import HeldOut
 
 MODE = "nextstate"
 ADVANTAGE_LOG = "advantages.jsonl"
+TEACHER_PARTITION = "nextstate_teacher"      # the teacher contexts' copies, for the time of one forward pass
+TEACHER_LOG_PROBS = "nextstate_teacher_log_probs"   # kept beside the advantages for advantages.jsonl
 
 # veRL's metric names -> the local backend's (train/batch.py, train/learner.py), so metrics.jsonl
 # and curves.png read the same on both backends; every veRL metric is kept as well
@@ -83,7 +101,27 @@ def advantage_settings(config: Any) -> dict[str, Any]:
     """Keyword arguments of :func:`step_advantages` from the ``nextstate`` config section."""
     ns = config.nextstate
     return {"key": ns.advantage.key, "weight": float(ns.judge.weight), "eps": float(ns.advantage.eps),
-            "drop_constant": bool(ns.advantage.drop_constant)}
+            "drop_constant": bool(ns.advantage.drop_constant), "weight_rl": rl_weight(ns.opd)}
+
+
+def teacher_entries(source: TensorDict, teacher_prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """Copies of TransferQueue samples (``source``, as fetched) with each one's teacher context as
+    its prompt: ``prompts``, ``input_ids`` (teacher prompt + the same response ids),
+    ``attention_mask`` and ``position_ids`` rebuilt, as veRL builds its padding samples
+    (``verl.trainer.ppo.padding_utils``); the response, its masks and the rest are unchanged."""
+    entries = []
+    for i, prompt in enumerate(teacher_prompts):
+        sample = source[i]
+        entry = {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v))
+                 for k, v in ((k, sample[k]) for k in sample.keys())}
+        prompts = torch.tensor(prompt, dtype=torch.int64)
+        input_ids = torch.cat([prompts, entry["responses"].to(torch.int64)])
+        attention_mask = torch.ones_like(input_ids)
+        entry.update(prompts=prompts, input_ids=input_ids, attention_mask=attention_mask,
+                     position_ids=build_padding_position_ids(entry.get("position_ids"), attention_mask))
+        entry.pop("routed_experts", None)    # the rollout's expert routing, recorded for the plain prompt
+        entries.append(entry)
+    return entries
 
 
 def fields_to_dataproto(fetched: TensorDict, tags: list[dict]) -> DataProto:
@@ -122,15 +160,24 @@ def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, ro
     """The rows of ``advantages.jsonl`` for one update, in the local backend's format, one per sample.
 
     Like the local trainer's (``kind``, ``train_step``, ``group_id``, ``sample``, ``step``,
-    ``role``, ``reward`` = ``R_t``, ``advantage``, ``kept``), plus veRL's view of the sample:
-    ``advantage`` is the value on its first trained token, ``uniform`` whether every trained
-    token carries it, ``tokens`` how many are trained, ``padding`` whether veRL padded the batch
-    with it, and the agent loop's ``FIELD_*`` values.
+    ``role``, ``reward`` = ``R_t``, ``advantage``, ``kept``, ``hint``), plus veRL's view of the
+    sample: ``advantage`` is the value on its first trained token, ``uniform`` whether every
+    trained token carries it, ``tokens`` how many are trained, ``padding`` whether veRL padded
+    the batch with it, and the agent loop's ``FIELD_*`` values. A sample the OPD teacher scored
+    also lists, per trained token, ``token_advantages`` and the ``teacher_log_probs``,
+    ``old_log_probs`` and (with a reference model) ``ref_log_probs`` they came from.
     """
     rows = []
     for i, (adv, mask, extra) in enumerate(zip(fetched["advantages"].unbind(), fetched["response_mask"].unbind(),
                                                fetched["extra_fields"])):
         trained = adv[mask.bool()]
+        scored = {}
+        if (extra or {}).get(FIELD_TEACHER_PROMPT) and TEACHER_LOG_PROBS in fetched.keys() and len(trained):
+            scored = {"token_advantages": trained.tolist()}
+            for name, field in (("teacher_log_probs", TEACHER_LOG_PROBS), ("old_log_probs", "old_log_probs"),
+                                ("ref_log_probs", "ref_log_prob")):
+                if field in fetched.keys():
+                    scored[name] = fetched[field][i][mask.bool()].tolist()
         extra = {name: (extra or {}).get(name) for name in FIELDS}
         vote = extra[FIELD_VOTE_MEAN]
         extra[FIELD_VOTE_MEAN] = None if vote is None or vote != vote else float(vote)
@@ -143,7 +190,8 @@ def advantage_rows(fetched: TensorDict, tags: list[dict], train_step: int, *, ro
                      "step": extra[FIELD_STEP], "role": role, "reward": float(reward),
                      "advantage": float(trained[0]) if len(trained) else 0.0, "kept": bool(len(trained)),
                      "uniform": bool((trained == trained[0]).all()) if len(trained) else True,
-                     "tokens": int(mask.sum()), "padding": bool(tags[i].get("is_padding", False)), **extra})
+                     "tokens": int(mask.sum()), "padding": bool(tags[i].get("is_padding", False)),
+                     **({"hint": extra[FIELD_HINT]} if extra[FIELD_HINT] else {}), **extra, **scored})
     return rows
 
 
@@ -229,9 +277,11 @@ class NextStateTrainer(PPOTrainerSync):
         count varies. For this update the mini-batch is set to a ``train.updates_per_step``-th
         of the (padded) batch: ``updates_per_step`` updates per training step, as on the local backend.
         """
-        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                  select_fields=["uid", "advantages", "response_mask", "extra_fields"])
         ns = self.config.nextstate
+        scored = [TEACHER_LOG_PROBS, "old_log_probs", *(["ref_log_prob"] if self.use_reference_policy else [])] \
+            if ns.opd.mode != "rl" else []
+        fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                  select_fields=["uid", "advantages", "response_mask", "extra_fields", *scored])
         rows = advantage_rows(fetched, batch.tags, self.global_steps, role=ns.train.role,
                               weight=float(ns.judge.weight))
         path = Path(self.config.nextstate.run.output) / ADVANTAGE_LOG
@@ -260,16 +310,72 @@ class NextStateTrainer(PPOTrainerSync):
                 self.role_worker_mapping[role] = ray.remote(CPUActorRolloutRefWorker)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        distil = self.config.nextstate.opd.mode != "rl"
         fetched = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                  select_fields=["uid", "response_mask", "extra_fields"])
+                                  select_fields=["uid", "response_mask", "extra_fields",
+                                                 *(["old_log_probs"] if distil else [])])
         data = fields_to_dataproto(fetched, batch.tags)
-        data, adv_metrics = step_advantages(data, **advantage_settings(self.config))
+        teacher = self._score_teacher(batch, fetched) if distil else None
+        data, adv_metrics = step_advantages(data, **advantage_settings(self.config), teacher=teacher)
         metrics.update(adv_metrics)
         nested_mask = fetched["response_mask"]
         out = {name: response_to_nested(data.batch[src], nested_mask)
                for name, src in (("advantages", "advantages"), ("returns", "returns"),
                                  ("response_mask", "response_mask"), ("loss_mask", "response_mask"))}
+        if teacher is not None:
+            out[TEACHER_LOG_PROBS] = response_to_nested(teacher.log_probs, nested_mask)
         # the returned meta lists every persisted field (the reference log-probs too): the actor
         # update reads the fields it names, so the old meta would train without advantages
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
                                fields=TensorDict(out, batch_size=len(batch)))
+
+    def _score_teacher(self, batch: KVBatchMeta, fetched: TensorDict) -> TeacherScores:
+        """OPD's teacher log-probs of the hinted samples' responses in their teacher context
+        (see module docstring); zeros on the other rows."""
+        opd = self.config.nextstate.opd
+        padded = fetched.select("old_log_probs", "response_mask").to_padded_tensor()
+        old = padded["old_log_probs"].float()
+        extras = list(fetched["extra_fields"])
+        hinted = np.array([bool((e or {}).get(FIELD_TEACHER_PROMPT)) and not t.get("is_padding", False)
+                           for e, t in zip(extras, batch.tags)], dtype=bool)
+        teacher = torch.zeros_like(old)
+        index = np.flatnonzero(hinted).tolist()
+        if index:
+            for row, lp in zip(index, self._teacher_log_probs(batch, index, [extras[i][FIELD_TEACHER_PROMPT]
+                                                                                for i in index])):
+                teacher[row, :len(lp)] = lp
+        return TeacherScores(hinted=hinted, log_probs=teacher, old_log_probs=old, weight_opd=float(opd.weight_opd))
+
+    def _teacher_log_probs(self, batch: KVBatchMeta, index: list[int], prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Per sample ``batch.keys[i]`` (``i`` in ``index``), the teacher's log-probs of its response
+        after ``prompts[i]``: one forward pass on copies in :data:`TEACHER_PARTITION` (padded with
+        repeats to a multiple of the worker group's data-parallel size), cleared afterwards."""
+        extra: dict[str, Any] = {}
+        if self.config.nextstate.opd.teacher == "policy":
+            wg, mesh, method = self.actor_rollout_wg, "actor", "compute_log_prob"
+        elif self.ref_in_actor:     # veRL's reference is then the actor without its LoRA adapter
+            wg, mesh, method, extra = self.actor_rollout_wg, "actor", "compute_log_prob", {"no_lora_adapter": True}
+        elif self.use_reference_policy:
+            wg, mesh, method = self.ref_policy_wg, "ref", "compute_ref_log_prob"
+        else:
+            raise RuntimeError("opd.teacher=reference needs veRL's reference worker (the launcher enables it)")
+        if mesh not in wg._dispatch_info:        # as veRL's _balance_batch reads the data-parallel size
+            wg._dispatch_info[mesh] = wg._query_dispatch_info(mesh)
+        dp = max(wg._dispatch_info[mesh]) + 1
+        source = tq.kv_batch_get(keys=[batch.keys[i] for i in index], partition_id=batch.partition_id)
+        entries = teacher_entries(source, prompts)
+        order = [j % len(entries) for j in range(math.ceil(len(entries) / dp) * dp)]
+        keys = [f"{batch.keys[index[j]]}.teacher{k}" for k, j in enumerate(order)]
+        tags = [{**batch.tags[index[j]], "prompt_len": len(prompts[j]),
+                 "seq_len": len(prompts[j]) + batch.tags[index[j]].get("response_len", 0)} for j in order]
+        tq.kv_batch_put(keys=keys, partition_id=TEACHER_PARTITION, fields=list_of_dict_to_tensordict(
+            [entries[j] for j in order]), tags=tags)
+        try:
+            info = {**batch.extra_info, "calculate_entropy": False, "compute_loss": False,
+                    "temperature": self.config.actor_rollout_ref.rollout.temperature, **extra}
+            getattr(wg, method)(KVBatchMeta(keys=keys, tags=tags, partition_id=TEACHER_PARTITION, extra_info=info))
+            out = tq.kv_batch_get(keys=keys[:len(entries)], partition_id=TEACHER_PARTITION,
+                                  select_fields=["log_probs", "response_mask"])
+            return list(response_from_nested(out["log_probs"], out["response_mask"]).unbind())
+        finally:
+            tq.kv_clear(keys=keys, partition_id=TEACHER_PARTITION)
