@@ -239,6 +239,93 @@ async def test_server_policy_cuts_its_text_after_a_stop_string():
     assert server.calls[0]["params"]["stop_token_ids"] == [server.tokenizer.convert_tokens_to_ids("</tool_call>")]
 
 
+EVAL_TASKS = str(REPO / "envs" / "toolcall" / "tasks" / "eval_aime_style.jsonl")
+
+
+def _heldout_on(cfg, server):
+    from train.verl_backend.heldout import HeldOut
+
+    held = HeldOut(cfg)
+    try:
+        return held.run(0, server, server.tokenizer)
+    finally:
+        held.finish()
+        if held.pool is not None:
+            held.pool.close()
+
+
+def test_heldout_on_verl_sends_what_the_local_evaluation_sends(tmp_path):
+    """The held-out episodes of a veRL run (``HeldOut``, through the rollout servers' client)
+    against ``LocalTrainer.evaluate`` on the same config: the same prompts, eval temperature,
+    top-p, response length and stops; each request under its own id (spread over replicas)."""
+    import asyncio
+
+    from train.local import LocalTrainer
+
+    over = {"judge.mode": "none", "env.max_steps": 1, "eval.tasks": EVAL_TASKS, "eval.temperature": 0.3,
+            "rollout.temperature": 0.9, "rollout.top_p": 0.8}
+    cfg, _ = _loop_config(tmp_path, **over)
+    local = LocalTrainer(cfg, tmp_path / "local", progress=False)
+    rows, real_rows = [], local.policy._rows
+
+    def recorded_rows(req):
+        rows.extend(real_rows(req))
+        return rows[-req.n:]
+
+    local.policy._rows = recorded_rows
+    try:
+        local_metrics = asyncio.run(local.evaluate(0))
+    finally:
+        local.close()
+
+    server = TinyServer()
+    metrics = _heldout_on(cfg, server)
+    assert local_metrics["eval/episodes"] == metrics["eval/episodes"] == len(rows) == len(server.calls) == 10
+    assert sorted(r.prompt for r in rows) == sorted(c["prompt_ids"] for c in server.calls)
+    stop = {server.tokenizer.convert_tokens_to_ids("</tool_call>")}
+    for row, call in zip(rows, server.calls):
+        sent = call["params"]
+        assert (row.temperature, row.top_p, row.max_new_tokens) == (sent["temperature"], sent["top_p"],
+                                                                     sent["max_tokens"]) == (0.3, 0.8, 24)
+        assert stop <= set(row.stop_ids) and set(sent["stop_token_ids"]) == stop
+    assert len({c["request_id"] for c in server.calls}) == 10
+
+
+def test_heldout_on_verl_scores_and_logs_like_the_local_evaluation(tmp_path):
+    """Right answers to every other held-out task: ``eval/success`` is their share, the episodes are
+    in rollouts.jsonl marked held-out at their step, and ``eval/weights_step`` is the server's step."""
+    import json
+
+    from train.rollout import load_tasks
+
+    cfg, _ = _loop_config(tmp_path, **{"judge.mode": "none", "env.max_steps": 1, "eval.tasks": EVAL_TASKS,
+                                       "rollout.max_response_tokens": 64})
+    tasks = load_tasks(cfg, EVAL_TASKS)
+    right = {t.instruction: t.data["answer"] for t in tasks[::2]}
+
+    def answer(i):
+        prompt = server.tokenizer.decode(server.calls[i]["prompt_ids"])
+        value = next((a for text, a in right.items() if text in prompt), "-1")
+        return '<tool_call>{"name": "answer", "arguments": {"answer": "\\\\boxed{%s}"}}</tool_call>' % value
+
+    server = TinyServer(script=answer)
+    generate = server.generate
+
+    async def at_step_7(*args, **kwargs):      # what veRL's servers report after 7 updates
+        out = await generate(*args, **kwargs)
+        out.extra_fields["global_steps"], out.extra_fields["min_global_steps"] = 7, 7
+        return out
+
+    server.generate = at_step_7
+    metrics = _heldout_on(cfg, server)
+    assert metrics["eval/success"] == len(right) / len(tasks) == 0.5
+    assert metrics["eval/episodes"] == len(tasks) and metrics["eval/weights_step"] == 7
+    logged = [json.loads(line) for line in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    episodes = [r for r in logged if r["kind"] == "trajectory"]
+    assert len(episodes) == len(tasks) and all(r["heldout"] and r["train_step"] == 0 for r in episodes)
+    assert sum(r["outcome"] > 0 for r in episodes) == len(right)
+
+
 async def test_under_opd_a_failed_step_returns_its_hint_and_teacher_context(tmp_path):
     """``opd.mode=combine`` with rule hints: a python call that raises gets the error's last line as
     its hint, and its output carries the teacher context the local path builds (the step's own

@@ -220,6 +220,19 @@ def test_a_run_with_an_sft_section_trains_from_its_warm_start(tmp_path):
     assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "warm_start")   # the local run's too
 
 
+@pytest.mark.parametrize("every, steps, test_freq", [(5, 20, 5), (0, 7, 7)])
+def test_the_eval_section_is_veRLs_validation_schedule_and_the_seed_its_seeds(tmp_path, every, steps, test_freq):
+    cfg = load_config("terminal", cpu_demo=True, overrides=[f"run.output={tmp_path}", f"run.steps={steps}",
+                                                            f"eval.every={every}", "run.seed=3"])
+    config = compose(cfg, n_tasks=4)
+    # held-out evaluation before the first step, every eval.every steps and after the last
+    assert config.trainer.val_before_train is True and config.trainer.test_freq == test_freq
+    assert config.data.seed == 3 and config.actor_rollout_ref.rollout.seed == 3
+    cfg.eval.tasks = None
+    config = compose(cfg, n_tasks=4)
+    assert config.trainer.val_before_train is False and config.trainer.test_freq == -1
+
+
 def test_opd_with_the_reference_as_teacher_gets_veRLs_reference_worker_even_without_kl(tmp_path):
     from verl.trainer.ppo.utils import need_reference_policy
 

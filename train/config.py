@@ -131,7 +131,7 @@ class SFTConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation of a local run: at the start, every ``every`` steps, and at the end."""
+    """Held-out evaluation of a run (either backend): at the start, every ``every`` steps, and at the end."""
     tasks: str | None = None          # None: no held-out evaluation
     every: int = 0                    # 0: at the start and the end only
     samples_per_task: int = 1

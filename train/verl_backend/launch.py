@@ -132,6 +132,16 @@ def write_task_data(tasks: list[Any], path: Path, family: str) -> Path:
     return path
 
 
+def eval_overrides(cfg: Config) -> list[str]:
+    """veRL's validation schedule for the ``eval`` section: before the first step, every
+    ``eval.every`` steps and after the last (the ``nextstate`` mode runs the held-out
+    evaluation there); off without ``eval.tasks``."""
+    if not cfg.eval.tasks:
+        return ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+    every = cfg.eval.every if cfg.eval.every > 0 else cfg.run.steps   # veRL validates after the last step too
+    return ["trainer.val_before_train=true", f"trainer.test_freq={every}"]
+
+
 def needs_reference(cfg: Config) -> bool:
     """Whether veRL makes its reference worker: for the KL loss (``train.kl_coef > 0``) or as
     OPD's teacher (``opd.teacher=reference``; with ``kl_coef`` 0 the KL term then weighs 0)."""
@@ -152,6 +162,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"data.train_batch_size={r.tasks_per_step}",
         f"data.max_prompt_length={prompt_len}", f"data.max_response_length={r.max_response_tokens}",
         "data.return_raw_chat=true", "data.filter_overlong_prompts=false", "data.dataloader_num_workers=0",
+        f"data.seed={cfg.run.seed}", f"{rollout}.seed={cfg.run.seed}",
         f"actor_rollout_ref.model.path={next(iter(policy_models(cfg).values()))}",   # the first policy's
         f"{actor}.optim.lr={t.lr}", f"{actor}.optim.weight_decay={t.weight_decay}",
         f"{actor}.optim.betas=[{t.betas[0]},{t.betas[1]}]", f"{actor}.optim.lr_scheduler_type=constant",
@@ -180,7 +191,7 @@ def hydra_overrides(cfg: Config, n_tasks: int, resume: bool) -> list[str]:
         f"trainer.save_freq={cfg.run.save_every}", f"trainer.max_actor_ckpt_to_keep={cfg.run.keep_checkpoints}",
         f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.resume_mode={'auto' if resume else 'disable'}",
         "trainer.logger=[console]", "trainer.project_name=nextstate",
-        f"trainer.experiment_name={cfg.env.family}", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        f"trainer.experiment_name={cfg.env.family}", *eval_overrides(cfg),
         f"trainer.nnodes={v.nnodes}", f"trainer.n_gpus_per_node={v.n_gpus_per_node}",
         *(cpu_overrides(cfg) if on_cpu(cfg) else []),
         *v.overrides,

@@ -24,8 +24,9 @@ then sets ``A_t = w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``, with ve
 
 The mode also writes the local backend's ``metrics.jsonl`` and ``curves.png``
 (:func:`local_metrics`) and ``advantages.jsonl`` (:func:`advantage_rows`: the
-advantages each actor update reads) to the run's output folder, and on the
-``cpu`` platform starts its workers as :class:`CPUActorRolloutRefWorker`.
+advantages each actor update reads) to the run's output folder, runs the run's
+held-out evaluation in place of veRL's validation (:mod:`~train.verl_backend.heldout`),
+and on the ``cpu`` platform starts its workers as :class:`CPUActorRolloutRefWorker`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,9 +64,11 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 from train.advantage import rl_weight, step_rewards
 from train.checkpoint import resume_line
 from train.config import config_from_dict, policy_roles
+from train.verl_backend import RUN_ENV
 from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE, FIELD_STEP,
                                           FIELD_TEACHER_PROMPT, FIELD_VOTE_MEAN, FIELDS, TeacherScores,
                                           step_advantages)
+from train.verl_backend.heldout import HeldOut
 from train.verl_backend.launch import policy_models
 from train.verl_backend.policies import PolicyClients, TrainedPolicy, add_policy, pool_name
 
@@ -393,19 +397,54 @@ class NextStateTrainer(PPOTrainerSync):
             where = root / f"global_step_{self.global_steps}" if self.global_steps else root
             print(resume_line(self.global_steps or None, self.total_training_steps, where),
                   file=sys.stderr, flush=True)
+        if self.global_steps:   # the starting point is evaluated at step 0 only, as on the local backend
+            with read_write(self.config.trainer):
+                self.config.trainer.val_before_train = False
+
+    def _log_row(self, step: int, metrics: dict[str, Any]) -> None:
+        """One row of ``<output>/metrics.jsonl`` (and the curves PNG), the log opened on first use."""
+        if getattr(self, "_metrics_log", None) is None:
+            from train.metrics import MetricsLog
+            resumed = self.config.trainer.resume_mode != "disable"
+            self._metrics_log = MetricsLog(self.config.nextstate.run.output,
+                                           resume_step=step - 1 if resumed else None,
+                                           members=list(self.policy_roles) if self.several else None)
+        self._metrics_log.log(step, metrics)
 
     # -- metrics, batch size, the actor update, advantages ---------------------------------
     def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, global_steps: int,
                          epoch: int) -> None:
         """veRL's metrics, then one row of ``<output>/metrics.jsonl`` and the curves PNG."""
         super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
-        if getattr(self, "_metrics_log", None) is None:
-            from train.metrics import MetricsLog
-            resumed = self.config.trainer.resume_mode != "disable"
-            self._metrics_log = MetricsLog(self.config.nextstate.run.output,
-                                           resume_step=global_steps - 1 if resumed else None,
-                                           members=list(self.policy_roles) if self.several else None)
-        self._metrics_log.log(global_steps, local_metrics(metrics))
+        self._log_row(global_steps, local_metrics(metrics))
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        """veRL's training loop; then the held-out evaluation's log is written out."""
+        try:
+            super().fit(agent_loop_manager)
+        finally:
+            if getattr(self, "_heldout", None) is not None:
+                self._heldout.finish()
+
+    def _validate(self) -> dict[str, float]:
+        """The run's held-out evaluation (``eval`` section) in place of veRL's validation.
+
+        veRL calls it before the first step (``trainer.val_before_train``), every
+        ``trainer.test_freq`` steps and after the last, once the rollout servers hold the
+        step's weights; the episodes run in this process through veRL's server client
+        (:class:`~train.verl_backend.heldout.HeldOut`). Step 0's row is logged here; a later
+        step's goes into that step's metrics row.
+        """
+        if getattr(self, "_heldout", None) is None:
+            cfg = config_from_dict(OmegaConf.to_container(self.config.nextstate, resolve=True))
+            self._heldout = HeldOut(cfg, run_id=os.environ.get(RUN_ENV))
+        t0 = time.monotonic()
+        metrics = self._heldout.run(self.global_steps, self.get_llm_client(), self.tokenizer,
+                                    dict(self.config.data.get("apply_chat_template_kwargs") or {}))
+        metrics["time/eval_s"] = time.monotonic() - t0
+        if self.global_steps == 0:
+            self._log_row(0, metrics)
+        return metrics
 
     def _get_required_batch_multiple(self, dp_size: int) -> int:
         """veRL pads the batch to a multiple of this: ``updates_per_step`` mini-batches, each a
