@@ -125,7 +125,7 @@ def test_one_verl_opd_step_scores_hinted_steps_in_their_teacher_context(tmp_path
              "--steps", "1", "--output", str(out_dir), "--judge", judge.url,
              "env.tasks=outdir:train", "env.max_steps=2", "rollout.tasks_per_step=2", "rollout.samples_per_task=2",
              "rollout.max_response_tokens=16", "sft.steps=0", "opd.mode=combine", "opd.hint_source=rules",
-             "opd.teacher=reference", "opd.weight_rl=0.5", "opd.weight_opd=2.0"],
+             "opd.teacher=reference", "opd.weight_rl=0.5", "opd.weight_opd=2.0", "eval.tasks=null"],
             cwd=REPO, capture_output=True, text=True, timeout=1500,
             env={**os.environ, "PYTHONPATH": str(REPO)})
     log = proc.stdout + proc.stderr
@@ -204,6 +204,9 @@ def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
 
     train(2)
     ckpt = out_dir / "checkpoints"
+    # relay's cpu_demo warm start: one per policy, each on its own role's steps, made before Ray started
+    for policy in ("reader", "writer"):
+        assert json.loads((out_dir / "warm_start" / policy / "sft.json").read_text())["examples"] > 0, policy
     # each policy's update read only the samples of its own role, on both steps
     rows = [json.loads(line) for line in (out_dir / "advantages.jsonl").read_text().splitlines()]
     rows = [r for r in rows if not r["padding"]]
@@ -218,7 +221,10 @@ def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
     assert any(not torch.equal(reader[k], writer[k]) for k in reader)
     # the local backend's metric names, per policy
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["step"] for m in metrics if "batch/samples" in m] == [1, 2]
+    # the held-out evaluation (relay's cpu_demo eval section) at step 0 and the end, each role
+    # played on its own policy's servers with that step's weights
+    assert [(m["step"], m["eval/weights_step"]) for m in metrics if "eval/success" in m] == [(0, 0), (2, 2)]
     for key in ("outcome/mean", "episodes", "batch/samples", "reader/train/kl", "writer/train/kl",
                 "reader/valid_action_rate", "writer/advantage/std", "writer/batch/samples"):
         assert key in metrics[-1], key
