@@ -192,6 +192,7 @@ def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
                  "--agents", "reader=tiny,writer=tiny", "--steps", str(steps), "--output", str(out_dir),
                  "--judge", judge.url, "--parallel", "4", *extra, "env.max_steps=2", "rollout.tasks_per_step=2",
                  "rollout.samples_per_task=2", "rollout.max_response_tokens=16", "train.lr=1e-4", "run.save_every=1",
+                 "advantage.drop_constant=false",   # every bucket trains: relay's demo drops constant ones
                  "verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]']"],
                 cwd=REPO, capture_output=True, text=True, timeout=1700,
                 env={**os.environ, "PYTHONPATH": str(REPO)})
