@@ -216,9 +216,9 @@ def test_two_policies_on_verl_each_train_on_their_own_role_and_resume(tmp_path):
         assert {r["train_step"] for r in mine} == {1, 2}, policy
         assert {r["role"] for r in mine} == {policy}, policy
         assert any(r["kept"] for r in mine), policy
-    # both policies' weights changed, each its own way (from the same tiny model)
-    reader = weights_moved(out_dir / "model", ckpt / "global_step_2" / "reader" / "huggingface")
-    writer = weights_moved(out_dir / "model", ckpt / "global_step_2" / "writer" / "huggingface")
+    # both policies' weights changed from their warm starts, each its own way
+    reader = weights_moved(out_dir / "warm_start" / "reader", ckpt / "global_step_2" / "reader" / "huggingface")
+    writer = weights_moved(out_dir / "warm_start" / "writer", ckpt / "global_step_2" / "writer" / "huggingface")
     assert any(not torch.equal(reader[k], writer[k]) for k in reader)
     # the local backend's metric names, per policy
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
