@@ -240,6 +240,15 @@ def step_outputs(traj: Trajectory, roles: str | tuple[str, ...], *, prompt_lengt
     return outputs
 
 
+def role_policies(cfg: Config, server: Any, make: Callable[[Any], Policy]) -> tuple[dict[str, Policy], dict[str, Policy]]:
+    """One policy per trained policy of the run (``make(client)``), on that policy's servers
+    (``server`` is a :class:`~train.verl_backend.policies.PolicyClients` with one client per
+    policy when the trainer mode trains several), and the same keyed by each role it plays."""
+    servers = getattr(server, "by_policy", None) or {}
+    policies = {name: make(servers.get(name, server)) for name in policy_roles(cfg)}
+    return policies, {role: policies[name] for name, roles in policy_roles(cfg).items() for role in roles}
+
+
 @register(AGENT_NAME)
 class NextStateAgentLoop(AgentLoopBase):
     """Plays one nextstate episode per ``run`` and returns one output per step."""
@@ -255,11 +264,7 @@ class NextStateAgentLoop(AgentLoopBase):
             return ServerPolicy(server or self.server_manager, self.tokenizer, sampling_params,
                                 self.apply_chat_template_kwargs)
 
-        # one ServerPolicy per trained policy, on that policy's servers (PolicyClients: one client per
-        # policy when the trainer mode trains several), playing each of its roles
-        servers = getattr(self.server_manager, "by_policy", None) or {}
-        policies = {name: server_policy(servers.get(name)) for name in policy_roles(cfg)}
-        by_role = {role: policies[name] for name, roles in policy_roles(cfg).items() for role in roles}
+        policies, by_role = role_policies(cfg, self.server_manager, server_policy)
         judge, hinter = res.judge(server_policy), res.hinter(server_policy)
         chat = chat_config(cfg)     # the local path's prompt shape, budget and stop strings
         env = await res.envs.atake(res.executor)

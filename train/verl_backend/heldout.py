@@ -19,9 +19,9 @@ from typing import Any
 
 from agents.policy import Generation
 from agents.recorder import Recorder
-from train.config import Config, policy_roles
+from train.config import Config
 from train.rollout import chat_config, heldout, load_tasks, make_envs, role_router
-from train.verl_backend.agent_loop import ServerPolicy
+from train.verl_backend.agent_loop import ServerPolicy, role_policies
 
 
 class SpreadServerPolicy(ServerPolicy):
@@ -57,12 +57,8 @@ class HeldOut:
         ``eval/weights_step``: the global step of the (oldest) weights that answered, as veRL's
         servers report it."""
         e, r = self.cfg.eval, self.cfg.rollout
-        # each role played by its policy's servers, as in the agent loop (several policies:
-        # ``server`` is a PolicyClients with one client per policy)
-        servers = getattr(server, "by_policy", None) or {}
-        policies = {name: SpreadServerPolicy(servers.get(name, server), tokenizer, {"logprobs": False}, template_kwargs)
-                    for name in policy_roles(self.cfg)}
-        by_role = {role: policies[name] for name, roles in policy_roles(self.cfg).items() for role in roles}
+        policies, by_role = role_policies(
+            self.cfg, server, lambda client: SpreadServerPolicy(client, tokenizer, {"logprobs": False}, template_kwargs))
         metrics = asyncio.run(heldout(self.env_factory, by_role, self.tasks, step=step,
                                       n_samples=e.samples_per_task, parallel=r.parallel,
                                       router=role_router(self.cfg), chat=chat_config(self.cfg),
