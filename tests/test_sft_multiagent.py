@@ -43,9 +43,15 @@ def test_agent_measures_are_each_roles_own():
     say = lambda m: {"name": "say", "arguments": {"message": m}}   # noqa: E731
     actions = [("reader", {"name": "bash", "arguments": {"command": "cat /app/note"}}), ("writer", say("ready")),
                ("reader", say(f"it is {word}")), ("writer", {"name": "answer", "arguments": {"word": other}})]
-    assert RelayEnv.agent_measures(task, actions) == {"reader/word_told": 1.0, "writer/answer_as_told": 0.0}
-    wrong = [("reader", say(other)), ("writer", {"name": "answer", "arguments": {"word": other.upper()}})]
-    assert RelayEnv.agent_measures(task, wrong) == {"reader/word_told": 0.0, "writer/answer_as_told": 1.0}
+    assert RelayEnv.agent_measures(task, actions) == {"reader/word_told": 1.0, "writer/answer_when_told": 0.0}
+    answer = lambda w: {"name": "answer", "arguments": {"word": w}}   # noqa: E731
+    right = [("reader", say(other)), ("writer", say("?")), ("reader", say(word)), ("writer", answer(f" {word.upper()}"))]
+    assert RelayEnv.agent_measures(task, right) == {"reader/word_told": 0.5, "writer/answer_when_told": 1.0}
+    # told, but the steps ran out before the writer answered: the writer's part failed
+    assert RelayEnv.agent_measures(task, right[:3] + [("writer", say(word))])["writer/answer_when_told"] == 0.0
+    # the reader never told the word: repeating its wrong word is not the writer's part, right or wrong
+    wrong = [("reader", say(other)), ("writer", answer(other.upper()))]
+    assert RelayEnv.agent_measures(task, wrong) == {"reader/word_told": 0.0}
     assert RelayEnv.agent_measures(task, [("reader", None), ("writer", None)]) == {}
 
 

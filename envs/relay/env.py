@@ -93,7 +93,7 @@ class RelayEnv(MultiAgentEnv):
     default_max_steps = 8
     measures: ClassVar[dict[str, str]] = {
         "reader/word_told": "reader: says that carry the note's word",
-        "writer/answer_as_told": "writer: answers that repeat the reader's word"}
+        "writer/answer_when_told": "writer: answers the note's word once the reader told it"}
 
     def load_tasks(self, source: Any) -> list[Task]:
         if source is None:
@@ -126,17 +126,22 @@ class RelayEnv(MultiAgentEnv):
     @classmethod
     def agent_measures(cls, task: Task, actions: list[tuple[str, dict[str, Any] | None]]) -> dict[str, float]:
         """``reader/word_told``: the share of the reader's ``say`` messages that carry the note's
-        word; ``writer/answer_as_told``: whether the writer's answer is a word the reader said."""
+        word; ``writer/answer_when_told``, on an episode where the reader told the word: whether
+        the writer's last action after that answered it (undefined when the reader never told it:
+        then nothing the writer does is its own part)."""
+        word = task.data["value"]
         said = [str(a["arguments"].get("message", "")) for agent, a in actions
                 if agent == "reader" and a and a["name"] == "say"]
-        answers = [str(a["arguments"].get("word", "")).strip().lower() for agent, a in actions
-                   if agent == "writer" and a and a["name"] == "answer"]
         out = {}
         if said:
-            out["reader/word_told"] = sum(task.data["value"] in words(m) for m in said) / len(said)
-        if answers:
-            heard = set().union(*map(words, said))
-            out["writer/answer_as_told"] = float(answers[-1] in heard)
+            out["reader/word_told"] = sum(word in words(m) for m in said) / len(said)
+        told = False
+        for agent, a in actions:
+            if agent == "reader" and a and a["name"] == "say" and word in words(str(a["arguments"].get("message", ""))):
+                told = True
+            elif agent == "writer" and told:
+                right = a is not None and a["name"] == "answer" and str(a["arguments"].get("word", "")).strip().lower() == word
+                out["writer/answer_when_told"] = float(right)
         return out
 
     def compute_outcome(self) -> Outcome:
