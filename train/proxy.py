@@ -255,6 +255,7 @@ class ProxyTrainer:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner")
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
+        self.updates: list[tuple[float, float]] = []   # (start, end) of each PPO step before its swap
 
     def offer(self, session: Session, turn: Turn, reward: float, why_not: str | None,
               teacher: list[int] | None = None) -> None:
@@ -291,6 +292,7 @@ class ProxyTrainer:
         t1 = time.monotonic()
         self.learner.publish()
         t2 = time.monotonic()
+        self.updates.append((t0, t1))
         self.swaps.append((t1, t2))
         self.steps += 1
         for s, t, a, r, h in chosen:
@@ -749,24 +751,26 @@ def build(args: argparse.Namespace) -> TrainingProxy:
                          max_tokens=args.max_tokens, max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
 
 
-def server_config(proxy: TrainingProxy, host: str, port: int) -> "uvicorn.Config":
-    """uvicorn's settings for the proxy. Idle keep-alive connections are kept for 75 s, longer
-    than clients keep them (httpx, and so the ``openai`` SDK: 5 s): with uvicorn's own 5 s both
-    ends close at the same moment, and a request sent on a connection the server is closing
-    fails with "Server disconnected" (a client with ``max_retries=0`` sees a connection error)."""
+def server_config(app: Any, host: str, port: int) -> "uvicorn.Config":
+    """uvicorn's settings for the proxy's app (or another ASGI app). Idle keep-alive connections
+    are kept for 75 s, longer than clients keep them (httpx, and so the ``openai`` SDK: 5 s):
+    with uvicorn's own 5 s both ends close at the same moment, and a request sent on a connection
+    the server is closing fails with "Server disconnected" (a client with ``max_retries=0`` sees a
+    connection error)."""
     import uvicorn
 
-    return uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning", timeout_keep_alive=75)
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=75)
 
 
 @contextlib.contextmanager
-def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """The proxy served by uvicorn in a background thread (``port`` 0: a free one); yields the
-    base URL (``http://host:port/v1``). Leaving the block shuts the server down, which closes
-    the proxy."""
+def serving(proxy: TrainingProxy | Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The proxy (or another ASGI app: ``bench.proxy``'s plain server) served by uvicorn in a
+    background thread (``port`` 0: a free one); yields the base URL (``http://host:port/v1``).
+    Leaving the block shuts the server down, which closes the proxy."""
     import uvicorn
 
-    server = uvicorn.Server(server_config(proxy, host, port))
+    app = make_app(proxy) if isinstance(proxy, TrainingProxy) else proxy
+    server = uvicorn.Server(server_config(app, host, port))
     thread = threading.Thread(target=server.run, daemon=True, name="proxy-server")
     thread.start()
     while not server.started:
@@ -785,7 +789,7 @@ def serve(proxy: TrainingProxy, host: str, port: int) -> int:
     """Run the server until Ctrl-C (returns 130) or shutdown (0); the app saves on the way out."""
     import uvicorn
 
-    server = uvicorn.Server(server_config(proxy, host, port))
+    server = uvicorn.Server(server_config(make_app(proxy), host, port))
     try:
         server.run()   # on a signal: graceful shutdown (the app's lifespan saves), then the signal again
     except KeyboardInterrupt:
