@@ -1,14 +1,16 @@
 """Batched generation for a local transformers model: a request batcher and a decode loop.
 
 :class:`Batcher` collects requests from any thread or event loop for a few
-milliseconds (and everything that arrived while the previous batch ran) and
-hands them to one worker thread as one batch. :func:`decode` then generates
-all rows of a batch together: each prompt starts from the KV cache of the
-longest prefix already run (:class:`PrefixCache`: the episode's previous
-turn and answer, a system prompt other rows share), the rest prefilled in
-left-padded groups of similar lengths, then one forward pass per new token
-for every unfinished row; rows that finish leave the batch (their cache rows
-are stored for the next turn and dropped).
+milliseconds and hands them to one worker thread as one batch. :func:`decode`
+then generates all rows of a batch together: each prompt starts from the KV
+cache of the longest prefix already run (:class:`PrefixCache`: the episode's
+previous turn and answer, a system prompt other rows share), the rest
+prefilled in left-padded groups of similar lengths, then one forward pass per
+new token for every unfinished row; rows that finish leave the batch (their
+cache rows are stored for the next turn and dropped), and requests queued
+meanwhile join it between two tokens (continuous batching: prefilled the same
+way, their cache rows merged into the running ones), so a request never waits
+for a whole batch to finish.
 
 Why not transformers' own continuous batching (``generate_batch`` /
 ``init_continuous_batching``, transformers 5)? It runs on CPU here and its

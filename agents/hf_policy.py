@@ -3,9 +3,9 @@
 Generation is batched: requests from concurrent episodes and from the judge
 (``complete(n=m)`` is one request of ``m`` rows) are collected for a few
 milliseconds by a :class:`~agents.batching.Batcher` and generated together by
-:func:`~agents.batching.decode` on one worker thread (see
-:mod:`agents.batching` for why this and not transformers' continuous
-batching). Prompts start from the KV cache of the longest prefix already run
+:func:`~agents.batching.decode` on one worker thread; requests that arrive
+while a batch decodes join it at its next token (see :mod:`agents.batching`,
+which also says why this and not transformers' continuous batching). Prompts start from the KV cache of the longest prefix already run
 (:class:`~agents.batching.PrefixCache`: an episode's previous turn, a shared
 system prompt), so a turn prefills only what is new since the last one. The
 judge's ``complete`` requests are queued ahead of ``generate`` turns: the
@@ -74,13 +74,14 @@ class HFPolicy(Policy):
 
     ``.model`` and ``.tokenizer`` are public: the local trainer updates
     ``.model`` in place, holding ``.lock`` while it does (each batch holds it
-    from its first token to its last, so no generation sees half-swapped weights).
+    from its first token to its last, so no generation sees half-swapped weights;
+    while someone waits for it, no new request joins the running batch).
     ``seed=`` in :meth:`generate` seeds that request's own random generator, so
     its tokens do not depend on what else shares its batch. The model runs in
     ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
     preset's weights. ``batch_window_s``: how long a batch waits for more
-    requests after its first; ``max_batch_rows``: rows per batch (a batch holds the
-    worker until its last row is done, so this bounds how long a new request waits);
+    requests after its first; ``max_batch_rows``: rows generating at once (requests
+    that arrive while a batch runs join it up to that many);
     ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
     whenever the weights change; 0 turns reuse off).
     ``decode_calls`` counts batched generations (one per batch, more if a batch failed);

@@ -23,9 +23,9 @@ pointed at it becomes a source of training data:
   are dropped; ``opd``: only turns the hint source hinted train, with the teacher's token-level
   advantages in the turn's prompt plus the hint (:mod:`judges.hints`, scored by
   :meth:`train.learner.Learner.score_teacher`); ``combine``: both. Every ``--batch`` such turns,
-  one PPO step runs in a background thread; the new weights are copied into the serving model
-  between two generation batches, and requests that arrive meanwhile wait in the batcher's queue
-  (none is refused).
+  one PPO step runs in a background thread (generation goes on with the old weights); the new
+  weights are copied into the serving model once the rows generating are done (none joins
+  meanwhile), and requests that arrive meanwhile wait in the batcher's queue (none is refused).
 * **Concurrency**: two requests on one named session at once make two branches (trajectories);
   a streaming client that disconnects cancels its generation, and its turn is recorded aborted.
 * **Records**: ``rollouts.jsonl`` (one episode per session, the env loop's schema, so
