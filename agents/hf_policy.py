@@ -5,7 +5,8 @@ Generation is batched: requests from concurrent episodes and from the judge
 milliseconds by a :class:`~agents.batching.Batcher` and generated together by
 :func:`~agents.batching.decode` on one worker thread; requests that arrive
 while a batch decodes join it at its next token (see :mod:`agents.batching`,
-which also says why this and not transformers' continuous batching). Prompts start from the KV cache of the longest prefix already run
+which also says why this and not transformers' continuous batching). Prompts
+start from the KV cache of the longest prefix already run
 (:class:`~agents.batching.PrefixCache`: an episode's previous turn, a shared
 system prompt), so a turn prefills only what is new since the last one. The
 judge's ``complete`` requests are queued ahead of ``generate`` turns: the
