@@ -157,6 +157,12 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int)
 
         return asyncio.run(go())
 
+    def settle() -> None:
+        """Wait until the training proxy's judges and its training step are done, so that they
+        do not run under the next mode's requests."""
+        while training.pending or trainer.busy.is_set():
+            time.sleep(0.01)
+
     with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as train_dir:
         plain = TrainingProxy(HFPolicy("tiny", max_new_tokens=max_tokens), Path(plain_dir), judge=RuleJudge(),
                               model_name="tiny", max_tokens=max_tokens)
@@ -187,6 +193,7 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int)
                         spans, wall = go()
                         got[mode] += spans
                         walls[mode] += wall
+                        settle()
                 base = figures(got["bare"], walls["bare"])
                 http = figures(got["http"], walls["http"], base)
                 out["bare"][str(c)], out["http"][str(c)] = base, http
