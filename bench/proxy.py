@@ -128,7 +128,8 @@ def stalls(spans: list[tuple[float, float]], swaps: list[tuple[float, float]],
     return out
 
 
-def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int) -> dict[str, Any]:
+def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
+        learner_nice: int = 10) -> dict[str, Any]:
     """Bare, plain HTTP, proxy and proxy with training, side by side: for each level, each mode
     in turn, ``repeat`` rounds (the machine's load drifts; the rounds are pooled)."""
     import openai
@@ -169,12 +170,12 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int)
         cfg = Config()
         cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-4
         policy = HFPolicy("tiny", max_new_tokens=max_tokens)
-        trainer = ProxyTrainer(policy, cfg, Path(train_dir), batch=batch, save_every=10**9)
+        trainer = ProxyTrainer(policy, cfg, Path(train_dir), batch=batch, save_every=10**9, nice=learner_nice)
         training = TrainingProxy(policy, Path(train_dir), judge=RuleJudge(), trainer=trainer, model_name="tiny",
                                  max_tokens=max_tokens)
         policies = {"bare": bare_policy, "http": http_policy, "proxy": plain.policy, "proxy_train": policy}
         out: dict[str, Any] = {"model": "tiny", "turns": turns, "max_tokens": max_tokens, "batch": batch,
-                               "repeat": repeat, **{mode: {} for mode in policies}}
+                               "repeat": repeat, "learner_nice": learner_nice, **{mode: {} for mode in policies}}
         with serving(plain_app(http_policy, max_tokens)) as http_url, serving(plain) as plain_url, \
                 serving(training) as train_url:
             asyncio.run(sessions(1, 1, bare))   # warm-ups, not timed
@@ -217,10 +218,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--batch", type=int, default=8, help="judged turns per training step (training on)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds per level (modes alternate)")
+    ap.add_argument("--learner-nice", type=int, default=10, help="the learner thread's priority below serving")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     levels = [int(x) for x in args.sessions.split(",")]
-    report(run(levels, args.turns, args.max_tokens, args.batch, args.repeat), args.json)
+    report(run(levels, args.turns, args.max_tokens, args.batch, args.repeat, args.learner_nice), args.json)
 
 
 if __name__ == "__main__":

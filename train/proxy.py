@@ -49,6 +49,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import sys
 import threading
@@ -235,13 +236,18 @@ class ProxyTrainer:
     (binary RL), plus its session's outcome when the proxy waits for outcomes; its advantage
     is ``w_rl`` times that (:func:`train.batch.rl_weight`: 1 in mode ``rl``, 0 in ``opd``),
     and a hinted turn (``opd``/``combine``) also carries its teacher context, which the
-    learner scores (:meth:`train.learner.Learner.score_teacher`)."""
+    learner scores (:meth:`train.learner.Learner.score_teacher`).
 
-    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int):
+    Serving comes first: generation goes on with the old weights during a step, and on Linux the
+    learner thread (and the torch threads it starts) runs ``nice`` steps below the server, so a
+    step that shares the CPU with generation takes the cycles generation leaves (0: same priority)."""
+
+    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10):
         from train.learner import Learner
         from train.metrics import MetricsLog
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
+        self.nice = nice
         self.learner = Learner(policy, cfg)
         self.temperature = self.learner.temperature
         self.w_rl = rl_weight(cfg.opd)
@@ -252,10 +258,18 @@ class ProxyTrainer:
         self.steps = 0
         self.saved = 0
         self.busy = threading.Event()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
+                                           initializer=self._lower_priority)
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
         self.updates: list[tuple[float, float]] = []   # (start, end) of each PPO step before its swap
+
+    def _lower_priority(self) -> None:
+        """Lower the learner thread's CPU priority by ``nice`` (it runs in that thread; Linux only:
+        elsewhere a thread id is not a ``setpriority`` target)."""
+        if self.nice > 0 and sys.platform.startswith("linux"):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self.nice))
 
     def offer(self, session: Session, turn: Turn, reward: float, why_not: str | None,
               teacher: list[int] | None = None) -> None:
@@ -743,7 +757,8 @@ def build(args: argparse.Namespace) -> TrainingProxy:
         raise ConfigError(f"cannot load model {args.model!r}: {str(e).splitlines()[0]}") from None
     judge = make_judge(args.judge, policy, args.votes, args.hints)
     hinter = make_hinter(hint_source, policy, args.votes) if args.mode != "rl" else None
-    trainer = ProxyTrainer(policy, cfg, output, args.batch, args.save_every) if args.batch and not args.no_train else None
+    trainer = (ProxyTrainer(policy, cfg, output, args.batch, args.save_every, nice=args.learner_nice)
+               if args.batch and not args.no_train else None)
     (output / "proxy.json").write_text(json.dumps({**vars(args), "api_key": bool(args.api_key),
                                                    "config": cfg.to_dict()}, indent=1, default=str) + "\n")
     return TrainingProxy(policy, output, judge=judge, hinter=hinter, trainer=trainer,
@@ -816,6 +831,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=16, help="judged turns per training step")
     p.add_argument("--no-train", action="store_true", help="serve, record and judge only")
     p.add_argument("--save-every", type=int, default=10, help="training steps between checkpoints")
+    p.add_argument("--learner-nice", type=int, default=10,
+                   help="how far below serving the learner thread's CPU priority is (Linux; 0: the same)")
     p.add_argument("--max-tokens", type=int, default=2048, help="the largest max_tokens a request may ask")
     p.add_argument("--max-body-mb", type=int, default=4, help="the largest request body, in MiB")
     p.add_argument("--served-name", default=None, help="the model name /v1/models reports")
