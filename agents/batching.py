@@ -1,14 +1,16 @@
 """Batched generation for a local transformers model: a request batcher and a decode loop.
 
 :class:`Batcher` collects requests from any thread or event loop for a few
-milliseconds (and everything that arrived while the previous batch ran) and
-hands them to one worker thread as one batch. :func:`decode` then generates
-all rows of a batch together: each prompt starts from the KV cache of the
-longest prefix already run (:class:`PrefixCache`: the episode's previous
-turn and answer, a system prompt other rows share), the rest prefilled in
-left-padded groups of similar lengths, then one forward pass per new token
-for every unfinished row; rows that finish leave the batch (their cache rows
-are stored for the next turn and dropped).
+milliseconds and hands them to one worker thread as one batch. :func:`decode`
+then generates all rows of a batch together: each prompt starts from the KV
+cache of the longest prefix already run (:class:`PrefixCache`: the episode's
+previous turn and answer, a system prompt other rows share), the rest
+prefilled in left-padded groups of similar lengths, then one forward pass per
+new token for every unfinished row; rows that finish leave the batch (their
+cache rows are stored for the next turn and dropped), and requests queued
+meanwhile join it between two tokens (continuous batching: prefilled the same
+way, their cache rows merged into the running ones), so a request never waits
+for a whole batch to finish.
 
 Why not transformers' own continuous batching (``generate_batch`` /
 ``init_continuous_batching``, transformers 5)? It runs on CPU here and its
@@ -65,13 +67,14 @@ class Row:
 
 @dataclass
 class Decoded:
-    """What one row produced: tokens, ``log_softmax(logits / T)`` of each, and whether a
-    stop condition (rather than the length limit) ended it."""
+    """What one row produced: tokens, ``log_softmax(logits / T)`` of each, whether a stop
+    condition (rather than the length limit) ended it, or why it could not run."""
 
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stopped: bool = False
     cancelled: bool = False
+    error: Exception | None = None   # a row that joined a running batch and could not run
 
 
 def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
@@ -396,7 +399,8 @@ def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
            text_of: Callable[[list[int]], str] | None = None, prefixes: PrefixCache | None = None,
            on_done: Callable[[int, Decoded], None] | None = None, max_scores: int = 1 << 26,
-           on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
+           on_token: Callable[[int, int], None] | None = None,
+           join: Callable[[int], Sequence[Row]] | None = None) -> list[Decoded]:
     """Generate every row of ``rows`` together; ``text_of`` decodes ids for stop strings.
 
     Prefill: each prompt starts from the longest prefix ``prefixes`` holds (a previous turn
@@ -407,84 +411,143 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
     all rows decode together, one forward pass per new token, a finished row leaving the
     batch (``on_done(i, decoded)`` is called then, and its sequence stored in ``prefixes``).
     ``on_token(i, token)`` is called for each token of row ``i`` as it is sampled (streaming).
+
+    Continuous batching: after each token step, ``join(running)`` is asked for new rows
+    (``running``: how many rows the batch has now); the rows it returns are
+    prefilled the same way and merged into the running batch (their cache rows right-aligned
+    with the running ones, left padding masked out), so a request that arrives while a batch
+    decodes starts at the next token instead of after the batch's last row. They take the
+    indices after ``rows`` (for ``on_done``, ``on_token`` and the result); one that cannot run
+    ends at once with its ``error`` set. Only models whose cache :class:`PrefixCache` supports
+    take rows this way (others decode the rows they started with).
     """
     with _fast_attention(model):
-        return _decode(model, rows, pad_id, text_of, prefixes, on_done, max_scores, on_token)
+        return _Decoder(model, pad_id, text_of, prefixes, max_scores, on_done, on_token).run(rows, join)
 
 
-def _decode(model: Any, rows: Sequence[Row], pad_id: int, text_of: Callable[[list[int]], str] | None,
-            prefixes: PrefixCache | None, on_done: Callable[[int, Decoded], None] | None,
-            max_scores: int, on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
-    prompts = [r.prompt for r in rows]
-    reuse = _supported(model)
-    store = prefixes if prefixes is not None and reuse else PrefixCache()
-    store.check(model)
-    for prefix in _shared_prefixes(prompts) if reuse else ():
-        n, kv = store.match(prefix)
-        if n < len(prefix):
-            n, kv = store.match(prefix, len(prefix) - 1)
-            _, cache, _, _ = _prefill(model, [prefix], [(n, kv)], pad_id)
-            store.add(prefix, [(k[0], v[0]) for k, v in _layers(cache)])
-            store.prefilled_tokens += len(prefix) - n
-    pasts = [store.match(p, len(p) - 1) if reuse else (0, None) for p in prompts]
-    for p, (n, _) in zip(prompts, pasts):
-        store.hits += n > 0
-        store.reused_tokens += n
-        store.prefilled_tokens += len(p) - n
-    cfg = model.config
-    r = 6 * getattr(cfg, "hidden_size", 64)
-    heads = getattr(cfg, "num_attention_heads", 1)
-    parts = []
-    groups = _groups(prompts, [n for n, _ in pasts], r, max_scores, heads) if reuse else [list(range(len(rows)))]
-    for g in groups:
-        parts.append((g, *_prefill(model, [prompts[i] for i in g], [pasts[i] for i in g], pad_id)))
-    order = [i for g, *_ in parts for i in g]
-    length = max(m.shape[1] for _, _, _, m, _ in parts)
-    logits = torch.cat([lg for _, lg, _, _, _ in parts])
-    mask = torch.cat([_pad_left(m, length) for _, _, _, m, _ in parts])
-    nxt = torch.cat([n for _, _, _, _, n in parts])
-    cache = parts[0][2]
-    if reuse:   # one full-attention cache for every group, with room for the answers
-        room = max(r.max_new_tokens for r in rows)
-        cache.layers = [_Preallocated([_layers(c)[layer] for _, _, c, _, _ in parts], length, room)
-                        for layer in range(len(cache.layers))]
-    device = model.device
-    temps = torch.tensor([rows[i].temperature if rows[i].temperature > 0 else 1.0 for i in order], device=device)
-    top_p = torch.tensor([rows[i].top_p for i in order], device=device)
-    out = [Decoded() for _ in rows]
-    active = order   # batch position -> row index
-    while True:
-        tokens, logps = _choose(logits, temps, top_p, [rows[i] for i in active])
-        keep = []
-        for j, (i, tok, lp) in enumerate(zip(active, tokens.tolist(), logps.tolist())):
-            row, got = rows[i], out[i]
-            got.ids.append(tok)
-            got.logprobs.append(lp)
-            if on_token:
-                on_token(i, tok)
-            got.stopped = tok in row.stop_ids or bool(
-                row.stop_strings and text_of and any(s in text_of(got.ids) for s in row.stop_strings))
-            got.cancelled = row.cancel is not None and row.cancel.is_set()
-            if not got.stopped and not got.cancelled and len(got.ids) < row.max_new_tokens:
-                keep.append(j)
-            else:
-                if prefixes is not None and reuse:   # what was fed: the prompt and all but the last token
-                    real = mask[j].bool()
-                    prefixes.add(row.prompt + got.ids[:-1],
-                                 [(k[j][:, real], v[j][:, real]) for k, v in _layers(cache)])
-                if on_done:
-                    on_done(i, got)
-        if not keep:
-            return out
-        if len(keep) < len(active):   # finished rows leave the batch and the cache
-            sel = torch.tensor(keep, device=device)
-            cache.batch_select_indices(sel)
-            mask, nxt, temps, top_p, tokens = mask[sel], nxt[sel], temps[sel], top_p[sel], tokens[sel]
-            active = [active[j] for j in keep]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=nxt[:, None],
-                       past_key_values=cache, use_cache=True).logits[:, -1].float()
-        nxt = nxt + 1
+class _Decoder:
+    """The state of one :func:`decode`: the rows, their output, and the running batch (the
+    cache, attention mask, next position id, temperature and top-p of each active row)."""
+
+    def __init__(self, model: Any, pad_id: int, text_of: Callable[[list[int]], str] | None,
+                 prefixes: PrefixCache | None, max_scores: int, on_done: Callable[[int, Decoded], None] | None,
+                 on_token: Callable[[int, int], None] | None):
+        self.model, self.pad_id, self.text_of, self.max_scores = model, pad_id, text_of, max_scores
+        self.on_done, self.on_token, self.prefixes = on_done, on_token, prefixes
+        self.reuse = _supported(model)
+        self.store = prefixes if prefixes is not None and self.reuse else PrefixCache()
+        self.store.check(model)
+        cfg = model.config
+        self.r = 6 * getattr(cfg, "hidden_size", 64)
+        self.heads = getattr(cfg, "num_attention_heads", 1)
+        self.rows: list[Row] = []
+        self.out: list[Decoded] = []
+        self.active: list[int] = []   # batch position -> row index
+        self.cache: Any = None
+        self.mask = self.nxt = self.temps = self.top_p = self.logits = torch.empty(0)
+
+    def run(self, rows: Sequence[Row], join: Callable[[int], Sequence[Row]] | None) -> list[Decoded]:
+        self._add(rows)
+        device = self.model.device
+        while True:
+            tokens, logps = _choose(self.logits, self.temps, self.top_p, [self.rows[i] for i in self.active])
+            keep = [j for j, (i, tok, lp) in enumerate(zip(self.active, tokens.tolist(), logps.tolist()))
+                    if self._step(j, i, tok, lp)]
+            if keep and len(keep) < len(self.active):   # finished rows leave the batch and the cache
+                sel = torch.tensor(keep, device=device)
+                self.cache.batch_select_indices(sel)
+                self.mask, self.nxt, self.temps, self.top_p = (self.mask[sel], self.nxt[sel], self.temps[sel],
+                                                               self.top_p[sel])
+                tokens = tokens[sel]
+            self.active = [self.active[j] for j in keep]
+            if not self.active:
+                return self.out
+            self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=1)
+            self.logits = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                                     position_ids=self.nxt[:, None], past_key_values=self.cache,
+                                     use_cache=True).logits[:, -1].float()
+            self.nxt = self.nxt + 1
+            if join is not None and self.reuse:
+                self._join(join(len(self.active)))
+
+    def _join(self, rows: Sequence[Row]) -> None:
+        """Add ``rows`` to the running batch; if that fails, each alone: a row that cannot run
+        (a token id past the vocabulary) ends with its ``error`` and the others go on."""
+        if not rows:
+            return
+        try:
+            self._add(rows)
+        except Exception:
+            for row in rows:
+                try:
+                    self._add([row])
+                except Exception as e:
+                    self.rows.append(row)
+                    self.out.append(Decoded(error=e))
+                    if self.on_done:
+                        self.on_done(len(self.rows) - 1, self.out[-1])
+
+    def _step(self, j: int, i: int, tok: int, lp: float) -> bool:
+        """Record row ``i``'s (batch position ``j``) new token; whether it goes on."""
+        row, got = self.rows[i], self.out[i]
+        got.ids.append(tok)
+        got.logprobs.append(lp)
+        if self.on_token:
+            self.on_token(i, tok)
+        got.stopped = tok in row.stop_ids or bool(
+            row.stop_strings and self.text_of and any(s in self.text_of(got.ids) for s in row.stop_strings))
+        got.cancelled = row.cancel is not None and row.cancel.is_set()
+        if not got.stopped and not got.cancelled and len(got.ids) < row.max_new_tokens:
+            return True
+        if self.prefixes is not None and self.reuse:   # what was fed: the prompt and all but the last token
+            real = self.mask[j].bool()
+            self.prefixes.add(row.prompt + got.ids[:-1],
+                              [(k[j][:, real], v[j][:, real]) for k, v in _layers(self.cache)])
+        if self.on_done:
+            self.on_done(i, got)
+        return False
+
+    def _add(self, rows: Sequence[Row]) -> None:
+        """Prefill ``rows`` and merge them into the running batch (empty at the start)."""
+        model, store, reuse, pad_id = self.model, self.store, self.reuse, self.pad_id
+        prompts = [r.prompt for r in rows]
+        for prefix in _shared_prefixes(prompts) if reuse else ():
+            n, kv = store.match(prefix)
+            if n < len(prefix):
+                n, kv = store.match(prefix, len(prefix) - 1)
+                _, cache, _, _ = _prefill(model, [prefix], [(n, kv)], pad_id)
+                store.add(prefix, [(k[0], v[0]) for k, v in _layers(cache)])
+                store.prefilled_tokens += len(prefix) - n
+        pasts = [store.match(p, len(p) - 1) if reuse else (0, None) for p in prompts]
+        for p, (n, _) in zip(prompts, pasts):
+            store.hits += n > 0
+            store.reused_tokens += n
+            store.prefilled_tokens += len(p) - n
+        groups = (_groups(prompts, [n for n, _ in pasts], self.r, self.max_scores, self.heads) if reuse
+                  else [list(range(len(rows)))])
+        parts = [(g, *_prefill(model, [prompts[i] for i in g], [pasts[i] for i in g], pad_id)) for g in groups]
+        order = [len(self.rows) + i for g, *_ in parts for i in g]
+        self.rows += rows
+        self.out += [Decoded() for _ in rows]
+        caches = [_layers(c) for _, _, c, _, _ in parts]
+        masks = [m for _, _, _, m, _ in parts]
+        if self.active:   # the running batch: its cache so far, its rows' own mask and positions
+            caches.insert(0, _layers(self.cache))
+            masks.insert(0, self.mask)
+        length = max(m.shape[1] for m in masks)
+        device = model.device
+        self.logits = torch.cat([self.logits] * bool(self.active) + [lg for _, lg, _, _, _ in parts])
+        self.mask = torch.cat([_pad_left(m, length) for m in masks])
+        self.nxt = torch.cat([self.nxt] * bool(self.active) + [n for _, _, _, _, n in parts])
+        self.active = self.active + order
+        rs = [self.rows[i] for i in self.active]
+        self.temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rs], device=device)
+        self.top_p = torch.tensor([r.top_p for r in rs], device=device)
+        self.cache = parts[0][2]
+        if reuse:   # one full-attention cache for every group, with room for the answers
+            room = max(self.rows[i].max_new_tokens - len(self.out[i].ids) for i in self.active)
+            self.cache.layers = [_Preallocated([c[layer] for c in caches], length, room)
+                                 for layer in range(len(self.cache.layers))]
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -492,26 +555,31 @@ def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 class Batcher:
-    """Runs ``run_batch(items, deliver)`` on one worker thread, batching what callers submit.
+    """Runs ``run_batch(items, deliver, more)`` on one worker thread, batching what callers submit.
 
     A batch is taken from the queue when the worker is free: what is queued,
     plus what arrives within ``window_s`` of the first item, up to ``max_rows``
     rows (``rows_of`` counts an item's rows; an item larger than that runs
-    alone), lower ``priority`` first, then in order of arrival. ``run_batch``
-    calls ``deliver(i, result_or_exception)`` for each item as soon as that item
-    is done (an exception is raised to that item's caller only); an item it
-    leaves undelivered fails. Cancelled requests are skipped. ``submit`` is
-    thread-safe and never blocks.
+    alone), lower ``priority`` first, then in order of arrival. While it runs,
+    ``run_batch`` may call ``more(rows)`` (``rows``: how many it is running now)
+    for what has been queued since, up to ``max_rows`` rows in all, taken in the
+    same order (stopping at the first item that does not fit; nothing waits):
+    continuous batching. The items it returns take the next indices.
+    ``run_batch`` calls ``deliver(i, result_or_exception)`` for each item as
+    soon as that item is done (an exception is raised to that item's caller
+    only); an item it leaves undelivered fails. Cancelled requests are
+    skipped. ``submit`` is thread-safe and never blocks.
     """
 
-    def __init__(self, run_batch: Callable[[list[Any], Callable[[int, Any], None]], None], *,
-                 window_s: float = 0.005, max_rows: int = 32, rows_of: Callable[[Any], int] = lambda item: 1,
+    def __init__(self, run_batch: Callable[[list[Any], Callable[[int, Any], None], Callable[[int], list[Any]]], None],
+                 *, window_s: float = 0.005, max_rows: int = 32, rows_of: Callable[[Any], int] = lambda item: 1,
                  name: str = "batcher"):
         self.run_batch, self.window_s, self.max_rows, self.rows_of = run_batch, window_s, max_rows, rows_of
         self.name = name
         self.batches = 0          # run_batch calls
         self.items = 0            # items run
-        self.largest = 0          # most items in one batch
+        self.joined = 0           # items that joined a running batch (through ``more``)
+        self.largest = 0          # most items in one batch (joined ones included)
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
@@ -535,6 +603,9 @@ class Batcher:
         self._closed = True
         self._queue.put((-math.inf, next(self._seq), None, None))
 
+    def _fits(self, entry: tuple, rows: int) -> bool:
+        return entry[3] is not None and rows + self.rows_of(entry[2]) <= self.max_rows
+
     def _take(self) -> list[tuple[Any, Future]] | None:
         first = self._queue.get()
         if first[3] is None:
@@ -548,12 +619,28 @@ class Batcher:
                 nxt = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
-            if nxt[3] is None or rows + self.rows_of(nxt[2]) > self.max_rows:
+            if not self._fits(nxt, rows):
                 self._queue.put(nxt)   # the stop, or the next batch's first item
                 break
             batch.append(nxt)
             rows += self.rows_of(nxt[2])
         return [(item, fut) for _, _, item, fut in batch]
+
+    def _more(self, rows: int) -> list[tuple[Any, Future]]:
+        """Queued items that fit beside ``rows`` running rows, in queue order (none is waited for)."""
+        got = []
+        while not self._closed:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if not self._fits(nxt, rows):
+                self._queue.put(nxt)
+                break
+            if nxt[3].set_running_or_notify_cancel():
+                got.append((nxt[2], nxt[3]))
+                rows += self.rows_of(nxt[2])
+        return got
 
     def _loop(self) -> None:
         while True:
@@ -573,8 +660,16 @@ class Batcher:
                 if not fut.done():
                     (fut.set_exception if isinstance(result, BaseException) else fut.set_result)(result)
 
+            def more(rows: int) -> list[Any]:
+                joined = self._more(rows)
+                futures.extend(fut for _, fut in joined)
+                self.items += len(joined)
+                self.joined += len(joined)
+                self.largest = max(self.largest, len(futures))
+                return [item for item, _ in joined]
+
             try:
-                self.run_batch([item for item, _ in batch], deliver)
+                self.run_batch([item for item, _ in batch], deliver, more)
             except BaseException as e:  # run_batch isolates per-item errors; this is a bug or a crash
                 for i in range(len(futures)):
                     deliver(i, e)

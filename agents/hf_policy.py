@@ -3,9 +3,10 @@
 Generation is batched: requests from concurrent episodes and from the judge
 (``complete(n=m)`` is one request of ``m`` rows) are collected for a few
 milliseconds by a :class:`~agents.batching.Batcher` and generated together by
-:func:`~agents.batching.decode` on one worker thread (see
-:mod:`agents.batching` for why this and not transformers' continuous
-batching). Prompts start from the KV cache of the longest prefix already run
+:func:`~agents.batching.decode` on one worker thread; requests that arrive
+while a batch decodes join it at its next token (see :mod:`agents.batching`,
+which also says why this and not transformers' continuous batching). Prompts
+start from the KV cache of the longest prefix already run
 (:class:`~agents.batching.PrefixCache`: an episode's previous turn, a shared
 system prompt), so a turn prefills only what is new since the last one. The
 judge's ``complete`` requests are queued ahead of ``generate`` turns: the
@@ -32,6 +33,32 @@ from agents.batching import Batcher, Decoded, PrefixCache, Row, decode
 from agents.policy import Generation, Policy, cut_at_stop, split_stops
 
 
+class WeightsLock:
+    """The lock over the serving weights: a running batch holds it, and so does whoever changes
+    the weights (``with policy.lock:``). ``waiting`` counts the threads waiting for it; while one
+    does (a weight swap), the running batch takes no new rows, so the swap waits only for the
+    rows already running (continuous batching would otherwise keep it out for good)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = threading.Lock()
+        self.waiting = 0
+
+    def __enter__(self) -> "WeightsLock":
+        if not self._lock.acquire(blocking=False):
+            with self._count:
+                self.waiting += 1
+            try:
+                self._lock.acquire()
+            finally:
+                with self._count:
+                    self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.release()
+
+
 @dataclass
 class _Request:
     messages: list[dict]
@@ -48,13 +75,14 @@ class HFPolicy(Policy):
 
     ``.model`` and ``.tokenizer`` are public: the local trainer updates
     ``.model`` in place, holding ``.lock`` while it does (each batch holds it
-    from its first token to its last, so no generation sees half-swapped weights).
+    from its first token to its last, so no generation sees half-swapped weights;
+    while someone waits for it, no new request joins the running batch).
     ``seed=`` in :meth:`generate` seeds that request's own random generator, so
     its tokens do not depend on what else shares its batch. The model runs in
     ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
     preset's weights. ``batch_window_s``: how long a batch waits for more
-    requests after its first; ``max_batch_rows``: rows per batch (a batch holds the
-    worker until its last row is done, so this bounds how long a new request waits);
+    requests after its first; ``max_batch_rows``: rows generating at once (requests
+    that arrive while a batch runs join it up to that many);
     ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
     whenever the weights change; 0 turns reuse off).
     ``decode_calls`` counts batched generations (one per batch, more if a batch failed);
@@ -81,7 +109,7 @@ class HFPolicy(Policy):
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.name = name or f"hf:{model_name_or_path}"
         self.renders_tools = "tools" in (self.tokenizer.chat_template or "")
-        self.lock = threading.Lock()
+        self.lock = WeightsLock()
         self._tokenizer_lock = threading.Lock()
         self.decode_calls = 0
         self.cancelled = 0
@@ -145,37 +173,55 @@ class HFPolicy(Policy):
                           policy_version=self.version)
 
     def _decode(self, rows: list[Row], on_done: Callable[[int, Decoded], None] | None = None,
-                on_token: Callable[[int, int], None] | None = None) -> list[Decoded]:
+                on_token: Callable[[int, int], None] | None = None,
+                join: Callable[[int], list[Row]] | None = None) -> list[Decoded]:
         with self.lock:
             self.decode_calls += 1
             return decode(self.model, rows, self._pad_id(), self._decode_text, self.prefixes, on_done,
-                          on_token=on_token)
+                          on_token=on_token, join=join)
 
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self._eos_ids()[0]
 
-    def _run_batch(self, reqs: list[_Request], deliver: Callable[[int, Any], None]) -> None:
+    def _run_batch(self, first: list[_Request], deliver: Callable[[int, Any], None],
+                   more: Callable[[int], list[_Request]]) -> None:
         """Generations for every request of a batch (worker thread), in one :func:`decode`, each
-        delivered as soon as its rows are done; an error stays with its request."""
+        delivered as soon as its rows are done; requests queued meanwhile join the running batch
+        between two tokens (unless a weight swap waits for it); an error stays with its request."""
+        reqs: list[_Request] = []
         rows: dict[int, list[Row]] = {}
-        for k, req in enumerate(reqs):
-            try:
-                rows[k] = self._rows(req)
-            except Exception as e:
-                deliver(k, e)
-        if not rows:
-            return
-        flat = [(k, i) for k, rs in rows.items() for i in range(len(rs))]
-        outs: dict[int, list[Decoded | None]] = {k: [None] * len(rs) for k, rs in rows.items()}
-        left = {k: len(rs) for k, rs in rows.items()}
+        flat: list[tuple[int, int]] = []   # decode's row index -> (request, row of the request)
+        outs: dict[int, list[Decoded | None]] = {}
+        left: dict[int, int] = {}
+
+        def admit(new: list[_Request]) -> list[Row]:
+            """The rows of ``new`` (a request whose rows cannot be made gets its error now)."""
+            added = []
+            for req in new:
+                k = len(reqs)
+                reqs.append(req)
+                try:
+                    rows[k] = self._rows(req)
+                except Exception as e:
+                    deliver(k, e)
+                    continue
+                outs[k], left[k] = [None] * len(rows[k]), len(rows[k])
+                flat.extend((k, i) for i in range(len(rows[k])))
+                added += rows[k]
+            return added
+
+        def join(running: int) -> list[Row]:
+            return [] if self.lock.waiting else admit(more(running))
 
         def row_done(j: int, got: Decoded) -> None:
             k, i = flat[j]
             outs[k][i] = got
             self.cancelled += got.cancelled
             left[k] -= 1
-            if not left[k]:
+            if got.error is not None:
+                deliver(k, got.error)
+            elif not left[k] and not any(d.error for d in outs[k]):
                 deliver(k, [self._generation(r, d) for r, d in zip(rows[k], outs[k])])
 
         def token(j: int, tok: int) -> None:
@@ -183,9 +229,11 @@ class HFPolicy(Policy):
             if callback is not None:
                 callback(tok)
 
-        streaming = any(req.on_token for req in reqs)
+        start = admit(first)
+        if not start:
+            return
         try:
-            self._decode([rows[k][i] for k, i in flat], row_done, token if streaming else None)
+            self._decode(start, row_done, token, join)
         except Exception:   # run each unfinished request alone: only the culprit fails
             for k in [k for k, n in left.items() if n]:
                 try:

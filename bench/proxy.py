@@ -2,21 +2,27 @@
 
 ``python -m bench.proxy [--sessions 1,8,32] [--turns 3] [--max-tokens 16] [--json]``.
 ``C`` sessions run at once, each ``--turns`` turns (the answer and a tool result appended
-each turn), against the same ``tiny`` model three ways:
+each turn), against the same ``tiny`` model four ways:
 
 * ``bare`` -- ``HFPolicy.generate`` called directly (no HTTP, no proxy);
+* ``http`` -- the same engine behind a plain OpenAI-compatible endpoint (:func:`plain_app`: the
+  proxy's request parsing and answer format on FastAPI and uvicorn, no sessions, recording,
+  judge or training), through the ``openai`` SDK: what a user would run instead of the proxy;
 * ``proxy`` -- the same requests through ``train.proxy`` with the ``openai`` SDK (HTTP, session
   matching, recording, the rule judge), training off;
 * ``proxy_train`` -- the same, training on (a PPO step every ``--batch`` judged turns, its
   weights swapped in between generation batches).
 
-Per mode and ``C``: requests/s and latency p50/p99 (ms); ``added_p50``/``added_p99``: the
-proxy's latency over bare's, in %. The requests are seeded, so bare and proxy (training off)
-generate the same tokens. The modes alternate within each level, ``--repeat`` rounds, so a
-drifting machine load hits them alike. With training on: ``swap_ms`` (the longest weight
-swap), the p50 latency of the requests in flight during a swap and of the others, and
-``stall_ms``, their difference: what a swap cost a request that met it. Everything runs in one
-process on this machine's CPU, the client included; figures are printed, never asserted.
+Per mode and ``C``: requests/s, latency p50/p99 (ms), and the generation batches the model
+ran (``batches``; ``joined``: requests that joined a running batch). ``added_p50``/``added_p99``:
+the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s. The
+requests are seeded, so every mode but ``proxy_train`` generates the same tokens. The modes
+alternate within each level, ``--repeat`` rounds, so a drifting machine load hits them alike.
+With training on: ``update_ms`` and ``swap_ms`` (the longest PPO step and weight swap), the p50
+latency of the requests in flight during a swap, of those in flight during a PPO step (but no
+swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a request that met
+it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in one process on this
+machine's CPU, the client and the learner included; figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ import argparse
 import asyncio
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from bench import ms_percentile, report
 from judges.rules import RuleJudge
 from train.config import Config
-from train.proxy import ProxyTrainer, TrainingProxy, serving
+from train.proxy import (BadRequest, ProxyTrainer, TrainingProxy, assistant_message, finish_reason, parse_request,
+                         serving, usage)
 
 Ask = Callable[[int, int, list[dict]], Awaitable[str]]
 
@@ -54,36 +65,80 @@ async def sessions(concurrency: int, turns: int, ask: Ask) -> tuple[list[tuple[f
     return spans, time.monotonic() - t0
 
 
-def figures(spans: list[tuple[float, float]], wall: float, base: dict | None = None) -> dict[str, Any]:
+def plain_app(policy: Any, max_tokens: int) -> Any:
+    """The baseline a user would run instead of the proxy: ``policy`` behind a minimal
+    OpenAI-compatible ``POST /v1/chat/completions`` (non-streaming), with the proxy's request
+    parsing and answer format, and nothing else (no sessions, recording, judge or training)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def completions(request: Request) -> Any:
+        try:
+            req = parse_request(await request.body(), {}, max_tokens)
+        except BadRequest as e:
+            return JSONResponse({"error": {"message": str(e), "code": e.status}}, status_code=e.status)
+        gen = await policy.generate(req.messages, req.tools, **req.sampling)
+        reply = assistant_message(gen.text, req.tools)
+        return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+                             "created": int(time.time()), "model": "tiny",
+                             "choices": [{"index": 0, "message": reply, "finish_reason": finish_reason(gen, reply),
+                                          "logprobs": None}], "usage": usage(gen)})
+
+    return app
+
+
+def _added(out: dict, base: dict, suffix: str = "") -> None:
+    for q in ("p50", "p99"):
+        out[f"added_{q}{suffix}"] = f"{100 * (out[f'{q}_ms'] / base[f'{q}_ms'] - 1):+.1f}%"
+
+
+def figures(spans: list[tuple[float, float]], wall: float, base: dict | None = None,
+            http: dict | None = None) -> dict[str, Any]:
+    """Requests/s and latency p50/p99; added over ``base`` (bare) and over ``http``, in %."""
     lat = [b - a for a, b in spans]
     out = {"requests": len(spans), "rps": round(len(spans) / wall, 2),
            "p50_ms": ms_percentile(lat, 0.5, 1), "p99_ms": ms_percentile(lat, 0.99, 1)}
     if base:
-        out["added_p50"] = f"{100 * (out['p50_ms'] / base['p50_ms'] - 1):+.1f}%"
-        out["added_p99"] = f"{100 * (out['p99_ms'] / base['p99_ms'] - 1):+.1f}%"
+        _added(out, base)
+    if http:
+        _added(out, http, "_http")
     return out
 
 
-def stalls(spans: list[tuple[float, float]], swaps: list[tuple[float, float]]) -> dict[str, Any]:
-    """Latency of the requests in flight during a weight swap against the others, and the swaps."""
-    hit = [b - a for a, b in spans if any(a < s1 and b > s0 for s0, s1 in swaps)]
-    rest = [b - a for a, b in spans if not any(a < s1 and b > s0 for s0, s1 in swaps)]
-    out = {"swaps": len(swaps), "swap_ms": round(1000 * max((b - a for a, b in swaps), default=0), 1)}
-    if hit and rest:
-        out.update(during_swap_p50_ms=ms_percentile(hit, 0.5, 1), other_p50_ms=ms_percentile(rest, 0.5, 1))
-        out["stall_ms"] = round(out["during_swap_p50_ms"] - out["other_p50_ms"], 1)
+def stalls(spans: list[tuple[float, float]], swaps: list[tuple[float, float]],
+           updates: list[tuple[float, float]]) -> dict[str, Any]:
+    """Latency of the requests in flight during a weight swap, during a PPO step (but no swap),
+    and the others; the longest step and swap."""
+    def meets(a: float, b: float, spans: list[tuple[float, float]]) -> bool:
+        return any(a < s1 and b > s0 for s0, s1 in spans)
+
+    swap = [b - a for a, b in spans if meets(a, b, swaps)]
+    update = [b - a for a, b in spans if not meets(a, b, swaps) and meets(a, b, updates)]
+    rest = [b - a for a, b in spans if not meets(a, b, swaps) and not meets(a, b, updates)]
+    out = {"swaps": len(swaps), "swap_ms": round(1000 * max((b - a for a, b in swaps), default=0), 1),
+           "update_ms": round(1000 * max((b - a for a, b in updates), default=0), 1)}
+    if rest:
+        out["other_p50_ms"] = ms_percentile(rest, 0.5, 1)
+        if swap:
+            out["during_swap_p50_ms"] = ms_percentile(swap, 0.5, 1)
+            out["stall_ms"] = round(out["during_swap_p50_ms"] - out["other_p50_ms"], 1)
+        if update:
+            out["during_update_p50_ms"] = ms_percentile(update, 0.5, 1)
+            out["update_cost_ms"] = round(out["during_update_p50_ms"] - out["other_p50_ms"], 1)
     return out
 
 
-def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int) -> dict[str, Any]:
-    """Bare, proxy and proxy with training, side by side: for each level, each mode in turn,
-    ``repeat`` rounds (the machine's load drifts; the rounds are pooled)."""
+def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
+        learner_nice: int = 10) -> dict[str, Any]:
+    """Bare, plain HTTP, proxy and proxy with training, side by side: for each level, each mode
+    in turn, ``repeat`` rounds (the machine's load drifts; the rounds are pooled)."""
     import openai
 
     from agents.hf_policy import HFPolicy
 
     sampling = {"max_tokens": max_tokens, "temperature": 1.0}
     bare_policy = HFPolicy("tiny", max_new_tokens=max_tokens)
+    http_policy = HFPolicy("tiny", max_new_tokens=max_tokens)
 
     async def bare(k: int, t: int, messages: list[dict]) -> str:
         return (await bare_policy.generate(messages, seed=1000 * k + t, **sampling)).text
@@ -103,39 +158,56 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int)
 
         return asyncio.run(go())
 
+    def settle() -> None:
+        """Wait until the training proxy's judges and its training step are done, so that they
+        do not run under the next mode's requests."""
+        while training.pending or trainer.busy.is_set():
+            time.sleep(0.01)
+
     with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as train_dir:
         plain = TrainingProxy(HFPolicy("tiny", max_new_tokens=max_tokens), Path(plain_dir), judge=RuleJudge(),
                               model_name="tiny", max_tokens=max_tokens)
         cfg = Config()
         cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-4
         policy = HFPolicy("tiny", max_new_tokens=max_tokens)
-        trainer = ProxyTrainer(policy, cfg, Path(train_dir), batch=batch, save_every=10**9)
+        trainer = ProxyTrainer(policy, cfg, Path(train_dir), batch=batch, save_every=10**9, nice=learner_nice)
         training = TrainingProxy(policy, Path(train_dir), judge=RuleJudge(), trainer=trainer, model_name="tiny",
                                  max_tokens=max_tokens)
+        policies = {"bare": bare_policy, "http": http_policy, "proxy": plain.policy, "proxy_train": policy}
         out: dict[str, Any] = {"model": "tiny", "turns": turns, "max_tokens": max_tokens, "batch": batch,
-                               "repeat": repeat, "bare": {}, "proxy": {}, "proxy_train": {}}
-        with serving(plain) as plain_url, serving(training) as train_url:
+                               "repeat": repeat, "learner_nice": learner_nice, **{mode: {} for mode in policies}}
+        with serving(plain_app(http_policy, max_tokens)) as http_url, serving(plain) as plain_url, \
+                serving(training) as train_url:
             asyncio.run(sessions(1, 1, bare))   # warm-ups, not timed
-            through(plain_url, 1)
-            through(train_url, 1)
+            for url in (http_url, plain_url, train_url):
+                through(url, 1)
             for c in levels:
-                got: dict[str, list] = {"bare": [], "proxy": [], "proxy_train": []}
+                got: dict[str, list] = {mode: [] for mode in policies}
                 walls = dict.fromkeys(got, 0.0)
+                before = {mode: (p.batcher.batches, p.batcher.joined) for mode, p in policies.items()}
                 first_swap = len(trainer.swaps)
                 for _ in range(repeat):
                     for mode, go in (("bare", lambda: asyncio.run(sessions(c, turns, bare))),
+                                     ("http", lambda: through(http_url, c)),
                                      ("proxy", lambda: through(plain_url, c)),
                                      ("proxy_train", lambda: through(train_url, c))):
                         spans, wall = go()
                         got[mode] += spans
                         walls[mode] += wall
+                        settle()
                 base = figures(got["bare"], walls["bare"])
-                out["bare"][str(c)] = base
-                out["proxy"][str(c)] = figures(got["proxy"], walls["proxy"], base)
-                out["proxy_train"][str(c)] = {**figures(got["proxy_train"], walls["proxy_train"], base),
-                                              **stalls(got["proxy_train"], trainer.swaps[first_swap:])}
+                http = figures(got["http"], walls["http"], base)
+                out["bare"][str(c)], out["http"][str(c)] = base, http
+                out["proxy"][str(c)] = figures(got["proxy"], walls["proxy"], base, http)
+                out["proxy_train"][str(c)] = {**figures(got["proxy_train"], walls["proxy_train"], base, http),
+                                              **stalls(got["proxy_train"], trainer.swaps[first_swap:],
+                                                       trainer.updates[first_swap:])}
+                for mode, p in policies.items():
+                    out[mode][str(c)].update(batches=p.batcher.batches - before[mode][0],
+                                             joined=p.batcher.joined - before[mode][1])
         out["proxy_train"]["training_steps"] = trainer.steps
-    asyncio.run(bare_policy.aclose())
+    for p in (bare_policy, http_policy):
+        asyncio.run(p.aclose())
     return out
 
 
@@ -146,10 +218,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--batch", type=int, default=8, help="judged turns per training step (training on)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds per level (modes alternate)")
+    ap.add_argument("--learner-nice", type=int, default=10, help="the learner thread's priority below serving")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     levels = [int(x) for x in args.sessions.split(",")]
-    report(run(levels, args.turns, args.max_tokens, args.batch, args.repeat), args.json)
+    report(run(levels, args.turns, args.max_tokens, args.batch, args.repeat, args.learner_nice), args.json)
 
 
 if __name__ == "__main__":

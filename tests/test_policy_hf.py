@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -327,6 +328,99 @@ async def test_judge_requests_go_ahead_of_queued_turns():
         await _until(lambda: policy.batcher._queue.qsize() == 7)   # queued last, taken first
     await asyncio.gather(first, judge, *rest)
     assert finished[:2] == ["turn0", "vote"], finished
+
+
+async def _hold_first_token(policy: HFPolicy, messages: list[dict], release: threading.Event,
+                            **sampling) -> tuple[asyncio.Future, threading.Event]:
+    """Submit ``messages`` as a request whose worker waits at its first token until ``release``
+    is set: its batch is then decoding, deterministically. Returns its future and an event set
+    once it is held."""
+    from agents.hf_policy import _Request
+    held = threading.Event()
+
+    def on_token(_: int) -> None:
+        if not held.is_set():
+            held.set()
+            release.wait(30)
+
+    fut = policy.batcher.submit(_Request(messages, None, 1, sampling, on_token=on_token), 1)
+    await _until(held.is_set)
+    return asyncio.wrap_future(fut), held
+
+
+async def test_a_request_joins_the_running_batch_and_stays_exact():
+    """Continuous batching: requests queued while a long one decodes join its batch at the next
+    token (one prompt shorter than the running cache, one longer, so both sides get left
+    padding), finish before it, and give the tokens and log-probs they give alone; one that
+    cannot run fails alone."""
+    class Endless(HFPolicy):   # no end-of-text token: the long request runs to its length limit
+        def _eos_ids(self):
+            return []
+
+        def prompt_ids(self, messages, tools=None):
+            ids = super().prompt_ids(messages, tools)
+            return ids + [10_000] if "poison" in messages[-1]["content"] else ids
+
+    policy = Endless("tiny", batch_window_s=0.0)
+    joiners = [_chat(0), _chat(8)]
+    alone = [await policy.generate(c, temperature=1.0, max_tokens=8, seed=5 + k) for k, c in enumerate(joiners)]
+    batches = policy.batcher.batches
+    release = threading.Event()
+    long, _ = await _hold_first_token(policy, _chat(1), release, temperature=1.0, max_tokens=100, seed=1)
+    finished: list[str] = []
+    long.add_done_callback(lambda _: finished.append("long"))
+
+    async def ask(name: str, messages: list[dict], seed: int):
+        try:
+            return await policy.generate(messages, temperature=1.0, max_tokens=8, seed=seed)
+        finally:
+            finished.append(name)
+
+    tasks = [asyncio.ensure_future(ask(f"joiner{k}", c, 5 + k)) for k, c in enumerate(joiners)]
+    tasks.append(asyncio.ensure_future(ask("poison", [{"role": "user", "content": "poison"}], 0)))
+    await _until(lambda: policy.batcher._queue.qsize() == 3)
+    release.set()
+    *gens, poisoned = await asyncio.gather(*tasks, return_exceptions=True)
+    long_gen = (await long)[0]
+    assert policy.batcher.batches == batches + 1 and policy.batcher.joined == 3
+    assert isinstance(poisoned, IndexError)
+    assert len(long_gen.response_ids) == 100 and finished[-1] == "long"   # the joiners did not wait for it
+    assert policy.decode_calls == 3   # two requests alone, then one batch
+    prompt = policy.count_tokens(_chat(1))
+    assert policy.count_tokens(joiners[0]) < prompt + 1 < policy.count_tokens(joiners[1])
+    for gen, ref in zip(gens, alone):
+        assert gen.response_ids == ref.response_ids
+        assert torch.allclose(torch.tensor(ref.logprobs), torch.tensor(gen.logprobs), atol=2e-5)
+    for gen in [*gens, long_gen]:
+        assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
+
+
+async def test_a_waiting_weight_swap_stops_joins():
+    """While a weight swap waits for the running batch, queued requests do not join it: the
+    swap waits only for the rows already running, and the queued request gets the new weights."""
+    policy = HFPolicy("tiny", batch_window_s=0.0)
+    release = threading.Event()
+    running, _ = await _hold_first_token(policy, _chat(1), release, temperature=1.0, max_tokens=8)
+    swapped = threading.Event()
+
+    def swap() -> None:
+        with policy.lock, torch.no_grad():
+            for p in policy.model.parameters():
+                p.mul_(0.5)
+            policy.version += 1
+        swapped.set()
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    await _until(lambda: policy.lock.waiting == 1)
+    queued = asyncio.ensure_future(policy.generate(_chat(2), temperature=1.0, max_tokens=8))
+    await _until(lambda: policy.batcher._queue.qsize() == 1)
+    release.set()
+    first, gen = (await running)[0], await queued
+    swapper.join()
+    assert swapped.is_set() and policy.batcher.joined == 0 and policy.batcher.batches == 2
+    assert first.policy_version == 0 and gen.policy_version == 1
+    assert torch.allclose(_recomputed(policy, gen, 1.0), torch.tensor(gen.logprobs), atol=2e-5)
 
 
 # -- prefix cache ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -289,6 +290,20 @@ def test_tool_calls_plain_streamed_and_sent_back(tmp_path):
 
 
 # -- training ---------------------------------------------------------------------------------------
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities are Linux's")
+def test_the_learner_thread_runs_below_serving(tmp_path):
+    """Serving first: the learner's thread (where PPO steps run) has a lower CPU priority."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if own + 3 > 19:
+        pytest.skip("this process already runs at the lowest priorities")
+    trainer = ProxyTrainer(HFPolicy("tiny", max_new_tokens=4), Config(), tmp_path, batch=1, save_every=1, nice=3)
+    try:
+        learner = trainer.executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert learner.result() == own + 3
+    finally:
+        trainer.close()
+
+
 def test_training_swaps_weights_and_the_version_header_shows_it(tmp_path):
     cfg = Config()
     cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-3

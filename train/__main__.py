@@ -245,4 +245,4 @@ def run_local(cfg: Config, demo: bool, resume: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    INTERRUPT.exit(main())

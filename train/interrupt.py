@@ -5,12 +5,14 @@ Light on purpose: a command installs :data:`INTERRUPT` before its slow imports.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import threading
 import time
 from types import FrameType
+from typing import NoReturn
 
 INTERRUPT_GRACE = 15.0   # seconds the clean-up after a Ctrl-C may take before the run exits anyway
 
@@ -69,6 +71,19 @@ class Interrupt:
         """Say it once, whoever gets here first."""
         if self._said.acquire(blocking=False):
             print("interrupted", file=sys.stderr, flush=True)
+
+    def exit(self, code: int) -> NoReturn:
+        """End the command with ``code``: ``sys.exit`` normally; after an interrupt (130), with
+        SIGINT ignored from here on, the atexit hooks run, then ``os._exit(130)``, never Python's
+        finalization: it restores SIGINT's default action, so a late SIGINT (one deferred out of a
+        ``__del__``) would end the process with status -2 after it said "interrupted"."""
+        if code != 130:
+            sys.exit(code)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
 
     def exit_now(self, after: float = 0.0) -> None:
         time.sleep(after)

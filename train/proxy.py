@@ -23,9 +23,9 @@ pointed at it becomes a source of training data:
   are dropped; ``opd``: only turns the hint source hinted train, with the teacher's token-level
   advantages in the turn's prompt plus the hint (:mod:`judges.hints`, scored by
   :meth:`train.learner.Learner.score_teacher`); ``combine``: both. Every ``--batch`` such turns,
-  one PPO step runs in a background thread; the new weights are copied into the serving model
-  between two generation batches, and requests that arrive meanwhile wait in the batcher's queue
-  (none is refused).
+  one PPO step runs in a background thread (generation goes on with the old weights); the new
+  weights are copied into the serving model once the rows generating are done (none joins
+  meanwhile), and requests that arrive meanwhile wait in the batcher's queue (none is refused).
 * **Concurrency**: two requests on one named session at once make two branches (trajectories);
   a streaming client that disconnects cancels its generation, and its turn is recorded aborted.
 * **Records**: ``rollouts.jsonl`` (one episode per session, the env loop's schema, so
@@ -49,6 +49,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import sys
 import threading
@@ -235,13 +236,18 @@ class ProxyTrainer:
     (binary RL), plus its session's outcome when the proxy waits for outcomes; its advantage
     is ``w_rl`` times that (:func:`train.batch.rl_weight`: 1 in mode ``rl``, 0 in ``opd``),
     and a hinted turn (``opd``/``combine``) also carries its teacher context, which the
-    learner scores (:meth:`train.learner.Learner.score_teacher`)."""
+    learner scores (:meth:`train.learner.Learner.score_teacher`).
 
-    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int):
+    Serving comes first: generation goes on with the old weights during a step, and on Linux the
+    learner thread (and the torch threads it starts) runs ``nice`` steps below the server, so a
+    step that shares the CPU with generation takes the cycles generation leaves (0: same priority)."""
+
+    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10):
         from train.learner import Learner
         from train.metrics import MetricsLog
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
+        self.nice = nice
         self.learner = Learner(policy, cfg)
         self.temperature = self.learner.temperature
         self.w_rl = rl_weight(cfg.opd)
@@ -252,9 +258,18 @@ class ProxyTrainer:
         self.steps = 0
         self.saved = 0
         self.busy = threading.Event()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner")
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
+                                           initializer=self._lower_priority)
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
+        self.updates: list[tuple[float, float]] = []   # (start, end) of each PPO step before its swap
+
+    def _lower_priority(self) -> None:
+        """Lower the learner thread's CPU priority by ``nice`` (it runs in that thread; Linux only:
+        elsewhere a thread id is not a ``setpriority`` target)."""
+        if self.nice > 0 and sys.platform.startswith("linux"):
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self.nice))
 
     def offer(self, session: Session, turn: Turn, reward: float, why_not: str | None,
               teacher: list[int] | None = None) -> None:
@@ -291,6 +306,7 @@ class ProxyTrainer:
         t1 = time.monotonic()
         self.learner.publish()
         t2 = time.monotonic()
+        self.updates.append((t0, t1))
         self.swaps.append((t1, t2))
         self.steps += 1
         for s, t, a, r, h in chosen:
@@ -741,7 +757,8 @@ def build(args: argparse.Namespace) -> TrainingProxy:
         raise ConfigError(f"cannot load model {args.model!r}: {str(e).splitlines()[0]}") from None
     judge = make_judge(args.judge, policy, args.votes, args.hints)
     hinter = make_hinter(hint_source, policy, args.votes) if args.mode != "rl" else None
-    trainer = ProxyTrainer(policy, cfg, output, args.batch, args.save_every) if args.batch and not args.no_train else None
+    trainer = (ProxyTrainer(policy, cfg, output, args.batch, args.save_every, nice=args.learner_nice)
+               if args.batch and not args.no_train else None)
     (output / "proxy.json").write_text(json.dumps({**vars(args), "api_key": bool(args.api_key),
                                                    "config": cfg.to_dict()}, indent=1, default=str) + "\n")
     return TrainingProxy(policy, output, judge=judge, hinter=hinter, trainer=trainer,
@@ -749,24 +766,26 @@ def build(args: argparse.Namespace) -> TrainingProxy:
                          max_tokens=args.max_tokens, max_body_bytes=args.max_body_mb << 20, api_key=args.api_key)
 
 
-def server_config(proxy: TrainingProxy, host: str, port: int) -> "uvicorn.Config":
-    """uvicorn's settings for the proxy. Idle keep-alive connections are kept for 75 s, longer
-    than clients keep them (httpx, and so the ``openai`` SDK: 5 s): with uvicorn's own 5 s both
-    ends close at the same moment, and a request sent on a connection the server is closing
-    fails with "Server disconnected" (a client with ``max_retries=0`` sees a connection error)."""
+def server_config(app: Any, host: str, port: int) -> "uvicorn.Config":
+    """uvicorn's settings for the proxy's app (or another ASGI app). Idle keep-alive connections
+    are kept for 75 s, longer than clients keep them (httpx, and so the ``openai`` SDK: 5 s):
+    with uvicorn's own 5 s both ends close at the same moment, and a request sent on a connection
+    the server is closing fails with "Server disconnected" (a client with ``max_retries=0`` sees a
+    connection error)."""
     import uvicorn
 
-    return uvicorn.Config(make_app(proxy), host=host, port=port, log_level="warning", timeout_keep_alive=75)
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=75)
 
 
 @contextlib.contextmanager
-def serving(proxy: TrainingProxy, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """The proxy served by uvicorn in a background thread (``port`` 0: a free one); yields the
-    base URL (``http://host:port/v1``). Leaving the block shuts the server down, which closes
-    the proxy."""
+def serving(proxy: TrainingProxy | Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The proxy (or another ASGI app: ``bench.proxy``'s plain server) served by uvicorn in a
+    background thread (``port`` 0: a free one); yields the base URL (``http://host:port/v1``).
+    Leaving the block shuts the server down, which closes the proxy."""
     import uvicorn
 
-    server = uvicorn.Server(server_config(proxy, host, port))
+    app = make_app(proxy) if isinstance(proxy, TrainingProxy) else proxy
+    server = uvicorn.Server(server_config(app, host, port))
     thread = threading.Thread(target=server.run, daemon=True, name="proxy-server")
     thread.start()
     while not server.started:
@@ -785,7 +804,7 @@ def serve(proxy: TrainingProxy, host: str, port: int) -> int:
     """Run the server until Ctrl-C (returns 130) or shutdown (0); the app saves on the way out."""
     import uvicorn
 
-    server = uvicorn.Server(server_config(proxy, host, port))
+    server = uvicorn.Server(server_config(make_app(proxy), host, port))
     try:
         server.run()   # on a signal: graceful shutdown (the app's lifespan saves), then the signal again
     except KeyboardInterrupt:
@@ -812,6 +831,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=16, help="judged turns per training step")
     p.add_argument("--no-train", action="store_true", help="serve, record and judge only")
     p.add_argument("--save-every", type=int, default=10, help="training steps between checkpoints")
+    p.add_argument("--learner-nice", type=int, default=10,
+                   help="how far below serving the learner thread's CPU priority is (Linux; 0: the same)")
     p.add_argument("--max-tokens", type=int, default=2048, help="the largest max_tokens a request may ask")
     p.add_argument("--max-body-mb", type=int, default=4, help="the largest request body, in MiB")
     p.add_argument("--served-name", default=None, help="the model name /v1/models reports")
