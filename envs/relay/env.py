@@ -130,18 +130,19 @@ class RelayEnv(MultiAgentEnv):
         the writer's last action after that answered it (undefined when the reader never told it:
         then nothing the writer does is its own part)."""
         word = task.data["value"]
-        said = [str(a["arguments"].get("message", "")) for agent, a in actions
-                if agent == "reader" and a and a["name"] == "say"]
-        out = {}
-        if said:
-            out["reader/word_told"] = sum(word in words(m) for m in said) / len(said)
-        told = False
+        carried: list[bool] = []   # per reader ``say``: whether it carries the word
+        answered: bool | None = None   # the writer's last action once told: the word?
         for agent, a in actions:
-            if agent == "reader" and a and a["name"] == "say" and word in words(str(a["arguments"].get("message", ""))):
-                told = True
-            elif agent == "writer" and told:
-                right = a is not None and a["name"] == "answer" and str(a["arguments"].get("word", "")).strip().lower() == word
-                out["writer/answer_when_told"] = float(right)
+            if agent == "reader" and a and a["name"] == "say":
+                carried.append(word in words(str(a["arguments"].get("message", ""))))
+            elif agent == "writer" and any(carried):
+                answered = a is not None and a["name"] == "answer" and \
+                    str(a["arguments"].get("word", "")).strip().lower() == word
+        out = {}
+        if carried:
+            out["reader/word_told"] = sum(carried) / len(carried)
+        if answered is not None:
+            out["writer/answer_when_told"] = float(answered)
         return out
 
     def compute_outcome(self) -> Outcome:
