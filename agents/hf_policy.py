@@ -35,28 +35,47 @@ from agents.policy import Generation, Policy, cut_at_stop, split_stops
 
 class WeightsLock:
     """The lock over the serving weights: a running batch holds it, and so does whoever changes
-    the weights (``with policy.lock:``). ``waiting`` counts the threads waiting for it; while one
-    does (a weight swap), the running batch takes no new rows, so the swap waits only for the
-    rows already running (continuous batching would otherwise keep it out for good)."""
+    the weights (``with policy.lock:``). It is handed over first come, first served, so a weight
+    swap that waits for the running batch goes before the next batch; ``waiting`` counts the
+    threads waiting for it. While one does (a swap), the running batch takes no new rows, so the
+    swap waits only for the rows already running (continuous batching would otherwise keep it
+    out for good)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = threading.Lock()
-        self.waiting = 0
+        self._turns = threading.Condition()
+        self._next = 0      # tickets handed out
+        self._serving = 0   # the ticket that holds the lock (or gets it next)
+        self._gone: set[int] = set()   # tickets whose holder stopped waiting (an exception)
+
+    @property
+    def waiting(self) -> int:
+        return max(0, self._next - self._serving - 1)
 
     def __enter__(self) -> "WeightsLock":
-        if not self._lock.acquire(blocking=False):
-            with self._count:
-                self.waiting += 1
+        with self._turns:
+            ticket = self._next
+            self._next += 1
             try:
-                self._lock.acquire()
-            finally:
-                with self._count:
-                    self.waiting -= 1
+                self._turns.wait_for(lambda: self._serving == ticket)
+            except BaseException:   # a KeyboardInterrupt while waiting: its turn is skipped
+                if ticket == self._serving:
+                    self._pass_on()
+                else:
+                    self._gone.add(ticket)
+                raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._lock.release()
+        with self._turns:
+            self._pass_on()
+
+    def _pass_on(self) -> None:
+        """The serving ticket is over: hand the lock to the next one still waiting."""
+        self._serving += 1
+        while self._serving in self._gone:
+            self._gone.discard(self._serving)
+            self._serving += 1
+        self._turns.notify_all()
 
 
 @dataclass
