@@ -66,13 +66,23 @@ class Recorder:
             if item is _STOP:
                 break
             if item is not None:
-                line = json.dumps(self._externalize(item), default=_jsonable, ensure_ascii=False)
-                self._file.write(line + "\n")
+                self._file.write(self._line(item) + "\n")
                 self.written += 1
             if item is None or time.monotonic() - last_flush >= self._flush_every:
                 self._file.flush()
                 last_flush = time.monotonic()
         self._file.flush()
+
+    def _line(self, item: dict[str, Any]) -> str:
+        """``item`` as one JSON line. Only a record that holds an image (PNG bytes, a PNG data
+        URL) is walked to save them (:meth:`_externalize`); the others are written as they are."""
+        try:
+            line = json.dumps(item, default=_plain, ensure_ascii=False)
+            if PNG_URL not in line:
+                return line
+        except _HasImage:
+            pass
+        return json.dumps(self._externalize(item), default=_jsonable, ensure_ascii=False)
 
     def _save_png(self, data: bytes) -> str:
         """Writes ``data`` to ``images/<sha256>.png`` (once); the path relative to the log's folder."""
@@ -117,6 +127,20 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _HasImage(Exception):
+    """PNG bytes met while writing a record the quick way (:meth:`Recorder._line`)."""
+
+
+def _plain(obj: Any) -> Any:
+    """What ``json.dumps`` writes for ``obj`` in a record without images: as
+    :meth:`Recorder._externalize` then :func:`_jsonable` would (a dataclass as its fields)."""
+    if isinstance(obj, bytes) and obj.startswith(PNG_MAGIC):
+        raise _HasImage
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    return _jsonable(obj)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -72,7 +73,7 @@ from judges.rules import RuleHints, RuleJudge, text_state
 from train import checkpoint
 from train.batch import Batch, Sample, rl_weight
 from train.config import Config, ConfigError, _apply, parse_overrides
-from train.sessions import Session, SessionTable, Turn
+from train.sessions import Session, SessionTable, Turn, message_keys
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,11 @@ class ChatRequest:
     session_id: str | None
     turn_type: str
     session_done: bool
+
+    @functools.cached_property
+    def keys(self) -> tuple[tuple, ...]:
+        """The messages' session-matching keys (:func:`train.sessions.message_keys`), computed once."""
+        return message_keys(self.messages)
 
 
 def _check_message(i: int, m: Any) -> dict:
@@ -367,7 +373,7 @@ class TrainingProxy:
         if req.turn_type != "main":
             return self.sessions.get(req.session_id) if req.session_id else None
         async with self.lock:
-            session, prev = self.sessions.claim(req.messages, req.session_id)
+            session, prev = self.sessions.claim(req.messages, req.session_id, req.keys)
         if prev is not None:
             self._judge(session, prev)
         return session
@@ -377,7 +383,7 @@ class TrainingProxy:
         self.turns[req.turn_type] += 1
         if req.turn_type == "main" and session is not None:
             turn = Turn(session.turns, req.messages, gen, reply, float(req.sampling.get("temperature") or 0.0),
-                        req.tools)
+                        req.tools, keys=req.keys)
             self.sessions.add(session, turn)
         if req.session_done and session is not None:
             self.end(session)
@@ -473,7 +479,7 @@ class TrainingProxy:
         on an outcome, see :meth:`report`)."""
         if session.done:
             return
-        session.done = True
+        self.sessions.end(session)
         if session.last is not None:
             self._step_record(session, session.last, {"valid": True, "output": "", "session_end": True})
         self._trajectory(session)
@@ -501,7 +507,7 @@ class TrainingProxy:
             for turn, vote, teacher in waiting:
                 self._credit(session, turn, vote, teacher)
             if last is not None and self.trainer is not None:
-                session.last = None
+                self.sessions.pop_last(session)
                 self.trainer.offer(session, last, outcome, self._why_not(last))
         return found[-1]
 
@@ -510,7 +516,7 @@ class TrainingProxy:
         if self.pending:
             await asyncio.wait(self.pending, timeout=30)
         for session in self.sessions.open():
-            session.done = True
+            self.sessions.end(session)
             if session.last is not None:
                 self._step_record(session, session.last, {"valid": True, "output": "", "session_end": True})
             self._trajectory(session, "truncated")
