@@ -2,7 +2,7 @@
 
 ``python -m bench.proxy [--sessions 1,8,32] [--turns 3] [--max-tokens 16] [--json]``.
 ``C`` sessions run at once, each ``--turns`` turns (the answer and a tool result appended
-each turn), against the same ``tiny`` model four ways:
+each turn), against the same ``tiny`` model five ways:
 
 * ``bare`` -- ``HFPolicy.generate`` called directly (no HTTP, no proxy);
 * ``http`` -- the same engine behind a plain OpenAI-compatible endpoint (:func:`plain_app`: the
@@ -11,16 +11,21 @@ each turn), against the same ``tiny`` model four ways:
 * ``proxy`` -- the same requests through ``train.proxy`` with the ``openai`` SDK (HTTP, session
   matching, recording, the rule judge), training off;
 * ``proxy_train`` -- the same, training on (a PPO step every ``--batch`` judged turns, its
-  weights swapped in between generation batches).
+  weights swapped in between generation batches);
+* ``http_train`` -- the fair control for ``proxy_train``: the plain server with the same learner
+  beside it (:class:`train.proxy.ProxyTrainer`, offered each answer the proxy would judge, so
+  the same PPO steps and swaps run), without the proxy's sessions, recording and judge.
 
 Per mode and ``C``: requests/s, latency p50/p99 (ms), and the generation batches the model
 ran (``batches``; ``joined``: requests that joined a running batch). ``added_p50``/``added_p99``:
-the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s. The
-requests are seeded, so every mode but ``proxy_train`` generates the same tokens. The modes
+the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s; for
+``proxy_train`` also ``added_p50_http_train``/``added_p99_http_train``: over ``http_train``'s
+(what the proxy adds when both share the CPU with the same learner). The requests are seeded
+(``seed(k, t)``), so every mode but the two training ones generates the same tokens. The modes
 alternate within each level, ``--repeat`` rounds, so a drifting machine load hits them alike.
-With training on: ``update_ms`` and ``swap_ms`` (the longest PPO step and weight swap), the p50
-latency of the requests in flight during a swap, of those in flight during a PPO step (but no
-swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a request that met
+With training on (both training modes): ``update_ms`` and ``swap_ms`` (the longest PPO step and
+weight swap), the p50 latency of the requests in flight during a swap, of those in flight during
+a PPO step (but no swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a request that met
 it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in one process on this
 machine's CPU, the client and the learner included; figures are printed, never asserted.
 """
@@ -41,10 +46,16 @@ from fastapi.responses import JSONResponse
 from bench import ms_percentile, report
 from judges.rules import RuleJudge
 from train.config import Config
-from train.proxy import (BadRequest, ProxyTrainer, TrainingProxy, assistant_message, finish_reason, parse_request,
-                         serving, usage)
+from train.proxy import (BadRequest, ChatRequest, ProxyTrainer, TrainingProxy, assistant_message, finish_reason,
+                         parse_request, serving, usage)
+from train.sessions import Session, Turn
 
 Ask = Callable[[int, int, list[dict]], Awaitable[str]]
+
+
+def seed(k: int, t: int) -> int:
+    """The sampling seed of session ``k``'s turn ``t`` (every mode sends the same)."""
+    return 1000 * k + t
 
 
 async def sessions(concurrency: int, turns: int, ask: Ask) -> tuple[list[tuple[float, float]], float]:
@@ -65,11 +76,21 @@ async def sessions(concurrency: int, turns: int, ask: Ask) -> tuple[list[tuple[f
     return spans, time.monotonic() - t0
 
 
-def plain_app(policy: Any, max_tokens: int) -> Any:
+def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None, turns: int = 0) -> Any:
     """The baseline a user would run instead of the proxy: ``policy`` behind a minimal
     OpenAI-compatible ``POST /v1/chat/completions`` (non-streaming), with the proxy's request
-    parsing and answer format, and nothing else (no sessions, recording, judge or training)."""
+    parsing and answer format, and nothing else (no sessions, recording, judge or training).
+
+    With ``trainer`` (the control for training on): each answer the training proxy would judge
+    (every turn of a ``turns``-turn session but the last, read off the request's seed) is offered
+    to it with reward 1, so ``trainer`` runs the PPO steps and weight swaps the proxy's would."""
     app = FastAPI()
+
+    def offer(req: ChatRequest, gen: Any, reply: dict) -> None:
+        k, t = divmod(req.sampling["seed"], seed(1, 0))
+        if t < turns - 1:
+            trainer.offer(Session(f"s{k}", f"s{k}", True), Turn(t, req.messages, gen, reply, req.sampling["temperature"]),
+                          1.0, None)
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Any:
@@ -79,6 +100,8 @@ def plain_app(policy: Any, max_tokens: int) -> Any:
             return JSONResponse({"error": {"message": str(e), "code": e.status}}, status_code=e.status)
         gen = await policy.generate(req.messages, req.tools, **req.sampling)
         reply = assistant_message(gen.text, req.tools)
+        if trainer is not None:
+            offer(req, gen, reply)
         return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                              "created": int(time.time()), "model": "tiny",
                              "choices": [{"index": 0, "message": reply, "finish_reason": finish_reason(gen, reply),
@@ -87,21 +110,15 @@ def plain_app(policy: Any, max_tokens: int) -> Any:
     return app
 
 
-def _added(out: dict, base: dict, suffix: str = "") -> None:
-    for q in ("p50", "p99"):
-        out[f"added_{q}{suffix}"] = f"{100 * (out[f'{q}_ms'] / base[f'{q}_ms'] - 1):+.1f}%"
-
-
-def figures(spans: list[tuple[float, float]], wall: float, base: dict | None = None,
-            http: dict | None = None) -> dict[str, Any]:
-    """Requests/s and latency p50/p99; added over ``base`` (bare) and over ``http``, in %."""
+def figures(spans: list[tuple[float, float]], wall: float, **over: dict) -> dict[str, Any]:
+    """Requests/s and latency p50/p99; ``added_p50<suffix>``/``added_p99<suffix>``: over the
+    figures ``over[suffix]`` (suffix ``""``: bare, ``"_http"``...), in %."""
     lat = [b - a for a, b in spans]
     out = {"requests": len(spans), "rps": round(len(spans) / wall, 2),
            "p50_ms": ms_percentile(lat, 0.5, 1), "p99_ms": ms_percentile(lat, 0.99, 1)}
-    if base:
-        _added(out, base)
-    if http:
-        _added(out, http, "_http")
+    for suffix, base in over.items():
+        for q in ("p50", "p99"):
+            out[f"added_{q}{suffix}"] = f"{100 * (out[f'{q}_ms'] / base[f'{q}_ms'] - 1):+.1f}%"
     return out
 
 
@@ -130,8 +147,9 @@ def stalls(spans: list[tuple[float, float]], swaps: list[tuple[float, float]],
 
 def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
         learner_nice: int = 10) -> dict[str, Any]:
-    """Bare, plain HTTP, proxy and proxy with training, side by side: for each level, each mode
-    in turn, ``repeat`` rounds (the machine's load drifts; the rounds are pooled)."""
+    """Bare, plain HTTP (without and with the learner), proxy and proxy with training, side by
+    side: for each level, each mode in turn, ``repeat`` rounds (the machine's load drifts; the
+    rounds are pooled)."""
     import openai
 
     from agents.hf_policy import HFPolicy
@@ -141,13 +159,13 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
     http_policy = HFPolicy("tiny", max_new_tokens=max_tokens)
 
     async def bare(k: int, t: int, messages: list[dict]) -> str:
-        return (await bare_policy.generate(messages, seed=1000 * k + t, **sampling)).text
+        return (await bare_policy.generate(messages, seed=seed(k, t), **sampling)).text
 
     def through(url: str, c: int) -> tuple[list, float]:
         client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
 
         async def ask(k: int, t: int, messages: list[dict]) -> str:
-            r = await client.chat.completions.create(model="tiny", messages=messages, seed=1000 * k + t, **sampling)
+            r = await client.chat.completions.create(model="tiny", messages=messages, seed=seed(k, t), **sampling)
             return r.choices[0].message.content or ""
 
         async def go() -> tuple[list, float]:
@@ -159,54 +177,64 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
         return asyncio.run(go())
 
     def settle() -> None:
-        """Wait until the training proxy's judges and its training step are done, so that they
-        do not run under the next mode's requests."""
-        while training.pending or trainer.busy.is_set():
+        """Wait until the training proxy's judges and both learners' steps are done, so that
+        they do not run under the next mode's requests."""
+        while training.pending or trainer.busy.is_set() or control.busy.is_set():
             time.sleep(0.01)
 
-    with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as train_dir:
+    cfg = Config()
+    cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-4
+    with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as train_dir, \
+            tempfile.TemporaryDirectory() as control_dir:
         plain = TrainingProxy(HFPolicy("tiny", max_new_tokens=max_tokens), Path(plain_dir), judge=RuleJudge(),
                               model_name="tiny", max_tokens=max_tokens)
-        cfg = Config()
-        cfg.train.kl_coef, cfg.train.lr = 0.0, 1e-4
         policy = HFPolicy("tiny", max_new_tokens=max_tokens)
         trainer = ProxyTrainer(policy, cfg, Path(train_dir), batch=batch, save_every=10**9, nice=learner_nice)
         training = TrainingProxy(policy, Path(train_dir), judge=RuleJudge(), trainer=trainer, model_name="tiny",
                                  max_tokens=max_tokens)
-        policies = {"bare": bare_policy, "http": http_policy, "proxy": plain.policy, "proxy_train": policy}
+        control_policy = HFPolicy("tiny", max_new_tokens=max_tokens)
+        control = ProxyTrainer(control_policy, cfg, Path(control_dir), batch=batch, save_every=10**9, nice=learner_nice)
+        policies = {"bare": bare_policy, "http": http_policy, "http_train": control_policy, "proxy": plain.policy,
+                    "proxy_train": policy}
+        learners = {"http_train": control, "proxy_train": trainer}
         out: dict[str, Any] = {"model": "tiny", "turns": turns, "max_tokens": max_tokens, "batch": batch,
                                "repeat": repeat, "learner_nice": learner_nice, **{mode: {} for mode in policies}}
         with serving(plain_app(http_policy, max_tokens)) as http_url, serving(plain) as plain_url, \
-                serving(training) as train_url:
+                serving(training) as train_url, \
+                serving(plain_app(control_policy, max_tokens, control, turns)) as control_url:
             asyncio.run(sessions(1, 1, bare))   # warm-ups, not timed
-            for url in (http_url, plain_url, train_url):
+            for url in (http_url, control_url, plain_url, train_url):
                 through(url, 1)
+            modes = {"bare": lambda c: asyncio.run(sessions(c, turns, bare)), "http": lambda c: through(http_url, c),
+                     "http_train": lambda c: through(control_url, c), "proxy": lambda c: through(plain_url, c),
+                     "proxy_train": lambda c: through(train_url, c)}
             for c in levels:
                 got: dict[str, list] = {mode: [] for mode in policies}
                 walls = dict.fromkeys(got, 0.0)
                 before = {mode: (p.batcher.batches, p.batcher.joined) for mode, p in policies.items()}
-                first_swap = len(trainer.swaps)
+                first_swap = {mode: len(learner.swaps) for mode, learner in learners.items()}
                 for _ in range(repeat):
-                    for mode, go in (("bare", lambda: asyncio.run(sessions(c, turns, bare))),
-                                     ("http", lambda: through(http_url, c)),
-                                     ("proxy", lambda: through(plain_url, c)),
-                                     ("proxy_train", lambda: through(train_url, c))):
-                        spans, wall = go()
+                    for mode, go in modes.items():
+                        spans, wall = go(c)
                         got[mode] += spans
                         walls[mode] += wall
                         settle()
-                base = figures(got["bare"], walls["bare"])
-                http = figures(got["http"], walls["http"], base)
-                out["bare"][str(c)], out["http"][str(c)] = base, http
-                out["proxy"][str(c)] = figures(got["proxy"], walls["proxy"], base, http)
-                out["proxy_train"][str(c)] = {**figures(got["proxy_train"], walls["proxy_train"], base, http),
-                                              **stalls(got["proxy_train"], trainer.swaps[first_swap:],
-                                                       trainer.updates[first_swap:])}
+                fig = {"bare": figures(got["bare"], walls["bare"])}
+                fig["http"] = figures(got["http"], walls["http"], **{"": fig["bare"]})
+                fig["http_train"] = figures(got["http_train"], walls["http_train"], **{"": fig["bare"], "_http": fig["http"]})
+                fig["proxy"] = figures(got["proxy"], walls["proxy"], **{"": fig["bare"], "_http": fig["http"]})
+                fig["proxy_train"] = figures(got["proxy_train"], walls["proxy_train"], **{
+                    "": fig["bare"], "_http": fig["http"], "_http_train": fig["http_train"]})
+                for mode, learner in learners.items():
+                    fig[mode].update(stalls(got[mode], learner.swaps[first_swap[mode]:],
+                                            learner.updates[first_swap[mode]:]))
                 for mode, p in policies.items():
-                    out[mode][str(c)].update(batches=p.batcher.batches - before[mode][0],
-                                             joined=p.batcher.joined - before[mode][1])
-        out["proxy_train"]["training_steps"] = trainer.steps
-    for p in (bare_policy, http_policy):
+                    out[mode][str(c)] = {**fig[mode], "batches": p.batcher.batches - before[mode][0],
+                                         "joined": p.batcher.joined - before[mode][1]}
+        for mode, learner in learners.items():
+            out[mode]["training_steps"] = learner.steps
+        control.close()
+    for p in (bare_policy, http_policy, control_policy):
         asyncio.run(p.aclose())
     return out
 
