@@ -83,6 +83,26 @@ def test_sessions_prefix_match_and_rewrites():
     assert s is a and prev.dropped and not prev.rewritten and prev.next_messages[0]["content"] == "no tool call found"
 
 
+
+def test_an_ended_or_taken_turn_is_not_continued():
+    """Unnamed sessions are found through an index of waiting turns: ending a session or taking
+    its turn (an outcome reported) takes it out, and a request then starts a new session."""
+    from agents.policy import Generation
+    from train.sessions import Turn
+    table = SessionTable()
+    task = [{"role": "user", "content": "task"}]
+    answer = {"role": "assistant", "content": "A"}
+    a, b, c = (table.claim(task, None)[0] for _ in range(3))
+    for s in (a, b, c):
+        table.add(s, Turn(0, task, Generation("A"), answer, 1.0))
+    table.end(a)
+    assert table.pop_last(b).reply == answer and b.last is None
+    later = task + [answer, {"role": "user", "content": "ok"}]
+    s, prev = table.claim(later, None)
+    assert s is c and prev.next_messages == [{"role": "user", "content": "ok"}]
+    s, prev = table.claim(later, None)
+    assert s not in (a, b, c) and prev is None and a.last is not None   # an ended session keeps its last turn
+
 # -- served --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory) -> Iterator[tuple[str, TrainingProxy]]:
