@@ -16,8 +16,10 @@ each turn), against the same ``tiny`` model five ways:
   beside it (:class:`train.proxy.ProxyTrainer`, offered each answer the proxy would judge, so
   the same PPO steps and swaps run), without the proxy's sessions, recording and judge.
 
-Per mode and ``C``: requests/s, latency p50/p99 (ms), and the generation batches the model
-ran (``batches``; ``joined``: requests that joined a running batch). ``added_p50``/``added_p99``:
+Per mode and ``C``: requests/s, latency p50/p99 (ms), ``cpu_ms`` (the process's CPU time per
+request, every thread: client, server, model, judges and learner; unlike latency, it barely
+depends on the machine's load), and the generation batches the model ran (``batches``;
+``joined``: requests that joined a running batch). ``added_p50``/``added_p99``:
 the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s; for
 ``proxy_train`` also ``added_p50_http_train``/``added_p99_http_train``: over ``http_train``'s
 (what the proxy adds when both share the CPU with the same learner). The requests are seeded
@@ -213,12 +215,15 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
                 walls = dict.fromkeys(got, 0.0)
                 before = {mode: (p.batcher.batches, p.batcher.joined) for mode, p in policies.items()}
                 first_swap = {mode: len(learner.swaps) for mode, learner in learners.items()}
+                cpu = dict.fromkeys(got, 0.0)
                 for _ in range(repeat):
                     for mode, go in modes.items():
+                        t0 = time.process_time()
                         spans, wall = go(c)
+                        settle()
+                        cpu[mode] += time.process_time() - t0
                         got[mode] += spans
                         walls[mode] += wall
-                        settle()
                 fig = {"bare": figures(got["bare"], walls["bare"])}
                 fig["http"] = figures(got["http"], walls["http"], **{"": fig["bare"]})
                 fig["http_train"] = figures(got["http_train"], walls["http_train"], **{"": fig["bare"], "_http": fig["http"]})
@@ -229,7 +234,8 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
                     fig[mode].update(stalls(got[mode], learner.swaps[first_swap[mode]:],
                                             learner.updates[first_swap[mode]:]))
                 for mode, p in policies.items():
-                    out[mode][str(c)] = {**fig[mode], "batches": p.batcher.batches - before[mode][0],
+                    out[mode][str(c)] = {**fig[mode], "cpu_ms": round(1000 * cpu[mode] / len(got[mode]), 2),
+                                         "batches": p.batcher.batches - before[mode][0],
                                          "joined": p.batcher.joined - before[mode][1]}
         for mode, learner in learners.items():
             out[mode]["training_steps"] = learner.steps
