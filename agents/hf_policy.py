@@ -1,4 +1,4 @@
-"""A policy backed by a local transformers model (``"tiny"``, a path, or a hub name).
+"""A policy backed by a local transformers model (``"tiny"`` or ``"tiny-untied"``, a path, or a hub name).
 
 Generation is batched: requests from concurrent episodes and from the judge
 (``complete(n=m)`` is one request of ``m`` rows) are collected for a few
@@ -115,9 +115,9 @@ class HFPolicy(Policy):
                  batch_window_s: float = 0.005, max_batch_rows: int = 32,
                  prefix_cache_bytes: int = 1 << 30):
         import torch
-        if model_name_or_path == "tiny":
-            from agents.tiny import load_tiny
-            self.model, self.tokenizer = load_tiny(seed)
+        from agents.tiny import PRESETS, load_tiny
+        if model_name_or_path in PRESETS:
+            self.model, self.tokenizer = load_tiny(seed, tied=PRESETS[model_name_or_path])
         else:
             from transformers import AutoModelForCausalLM, AutoTokenizer
             self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)

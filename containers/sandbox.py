@@ -787,12 +787,12 @@ class DockerSandbox(Sandbox):
 
     def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
         assert self._sock is not None
-        self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
         try:
+            self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
             data = self._sock.recv(1 << 16)
         except (socket.timeout, BlockingIOError):
             return []
-        except OSError:
+        except OSError:   # the connection is gone (closed under us: EBADF), like an ended shell
             return None
         if not data:
             return None
@@ -923,7 +923,7 @@ class DockerSandbox(Sandbox):
         return info.get("ExitCode")
 
     def is_alive(self) -> bool:
-        if self.closed or self._sock is None:
+        if self.closed or self._sock is None or self._sock.fileno() < 0:
             return False
         try:
             self.container.reload()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import gymnasium
 import pytest
@@ -183,3 +184,18 @@ def test_render_ansi_returns_the_last_observation(pool: SandboxPool) -> None:
     with pytest.raises(ValueError):
         CountEnv(pool=pool, render_mode="human")
     env.close()
+
+
+def test_reset_replaces_a_sandbox_whose_shell_connection_broke(pool: SandboxPool) -> None:
+    """The next sandbox to be leased cannot start the episode (its shell's socket was closed
+    under it): reset gives it back and starts the episode on a replacement."""
+    pool.wait_ready(120)
+    broken = pool._ready[0]   # the one the next lease takes
+    os.close(broken._sock.detach())   # closed for real, as a finished close() leaves it
+    env = CountEnv(pool=pool)
+    try:
+        env.reset(options={"task": "count-3"})
+        assert env.sandbox is not broken and broken.closed
+        assert env.run("ls /app/box | wc -l").stdout.strip() == "3"
+    finally:
+        env.close()

@@ -166,6 +166,35 @@ def test_saved_dir_loads_by_path_offline(tmp_path):
     assert json.loads((Path(tmp_path) / "tiny" / "config.json").read_text())["model_type"] == "llama"
 
 
+
+def test_untied_preset_has_its_own_output_embedding_and_trains_saves_loads(tmp_path):
+    """``tiny-untied``: the same tokenizer and input embedding as ``tiny``, a separate output
+    matrix; a step on an output-only loss leaves the input embedding alone; it saves and loads
+    by path untied."""
+    tied, untied = make_policy("tiny"), make_policy("tiny-untied")
+    model = untied.model
+    assert tied.model.lm_head.weight is tied.model.model.embed_tokens.weight
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(model.model.embed_tokens.weight, tied.model.model.embed_tokens.weight)
+    assert untied.tokenizer.get_vocab() == tied.tokenizer.get_vocab()
+    embed = model.model.embed_tokens.weight.detach().clone()
+    head = model.lm_head.weight.detach().clone()
+    model.train()
+    hidden = torch.randn(3, model.config.hidden_size)   # the output layer alone: no input embedding on the path
+    loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), torch.tensor([1, 2, 3]))
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    model.eval()
+    assert torch.equal(model.model.embed_tokens.weight, embed)   # tied, this step would move the input too
+    assert not torch.equal(model.lm_head.weight, head)
+    save_tiny(tmp_path / "untied", tied=False)
+    loaded = HFPolicy(str(tmp_path / "untied"))
+    assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert loaded.model.lm_head.weight.data_ptr() != loaded.model.model.embed_tokens.weight.data_ptr()
+    fresh, _ = load_tiny(tied=False)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(), fresh.state_dict().values()))
+    assert not torch.equal(fresh.lm_head.weight, fresh.model.embed_tokens.weight)
+
 # -- batching ---------------------------------------------------------------------------
 def _recomputed(policy: HFPolicy, gen, temperature: float) -> torch.Tensor:
     """log pi_old of ``gen`` as the trainer recomputes it: that (prompt, response) alone."""

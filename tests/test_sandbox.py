@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -127,6 +128,16 @@ def test_killed_container_raises_a_clear_error(docker_box, docker_client):
     with pytest.raises(SandboxError, match="stopped answering"):
         docker_box.run("echo hi", timeout=5)
     assert not docker_box.is_alive()
+
+
+@pytest.mark.docker
+def test_a_shell_connection_closed_under_the_sandbox_is_a_clear_error(docker_box):
+    """The shell's socket closed from elsewhere (EBADF on the next call, seen once in 320 relay
+    episodes) is a sandbox that stopped answering, not a bare OSError."""
+    os.close(docker_box._sock.detach())   # closed for real, as a finished close() leaves it
+    assert not docker_box.is_alive()
+    with pytest.raises(SandboxError, match="stopped answering"):
+        docker_box.run("echo hi", timeout=5)
 
 
 def test_local_timeout_and_restart(local_box):

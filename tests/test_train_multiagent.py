@@ -100,7 +100,9 @@ def test_one_policy_shared_by_both_roles_trains_on_every_step(tmp_path, trajecto
 
 def test_agents_flag_and_its_errors():
     cfg, _ = build_config(parse_args(["--env", "relay", "--agents", "reader=tiny,writer=tiny", "--dry-run"]))
-    assert cfg.agents == {"reader": "tiny", "writer": "tiny"} and cfg.model.name == "tiny"
+    assert cfg.agents == {"reader": "tiny", "writer": "tiny"} and cfg.model.name == "tiny-untied"   # relay's cpu_demo
+    cfg, demo = build_config(parse_args(["--env", "relay", "--agents", "reader=tiny-untied,writer=tiny", "--dry-run"]))
+    assert demo and cfg.agents == {"reader": "tiny-untied", "writer": "tiny"}
     assert policy_roles(load_config("relay")) == {"reader+writer": ("reader", "writer")}   # no --agents: shared
     for argv, message in [(["--agents", "reader"], "ROLE=MODEL"),
                           (["--agents", "reader=tiny,reader+writer=tiny"], "given to two policies"),

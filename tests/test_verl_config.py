@@ -70,6 +70,9 @@ def test_several_policies_compose_one_device_slot_each_and_refuse_the_gpu_rollou
     agents = [f"run.output={tmp_path}", "agents.reader=tiny", "agents.writer=/models/writer", "verl.device=cpu"]
     cfg = load_config("relay", overrides=agents)
     assert policy_models(cfg) == {"reader": str(tmp_path.resolve() / "model"), "writer": "/models/writer"}
+    untied = load_config("relay", overrides=[*agents[:2], "agents.writer=tiny-untied", "verl.device=cpu"])
+    assert policy_models(untied) == {"reader": str(tmp_path.resolve() / "model"),
+                                     "writer": str(tmp_path.resolve() / "tiny-untied")}   # each preset its own folder
     config = compose(cfg, n_tasks=4)
     assert config.ray_kwargs.ray_init.num_gpus == 2 and config.trainer.n_gpus_per_node == 1
     assert config.actor_rollout_ref.model.path == str(tmp_path.resolve() / "model")

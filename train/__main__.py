@@ -4,8 +4,8 @@
     python -m train --env swe --model Qwen/Qwen3-8B --parallel 32 --judge http://judge:8000
     python -m train --env terminal --backend verl --dry-run
     python -m train --env terminal --steps 50 train.lr=1e-5 rollout.samples_per_task=4
-    python -m train --env relay --agents reader=tiny,writer=tiny      # two policies, each on its role
-    python -m train --env relay --agents reader+writer=tiny           # one policy shared by both roles
+    python -m train --env relay --agents reader=tiny-untied,writer=tiny-untied   # two policies, each on its role
+    python -m train --env relay --agents reader+writer=tiny-untied    # one policy shared by both roles
 
 Settings come from ``configs/<env>.yaml`` (or ``--config``), then the flags,
 then ``section.key=value`` overrides. Without a GPU and without ``--model``
@@ -29,6 +29,7 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
+from agents.tiny import PRESETS  # noqa: E402
 from envs import registry  # noqa: E402
 from train.config import Config, ConfigError, load_config, policy_roles  # noqa: E402
 
@@ -92,7 +93,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 def check_model(name: str) -> None:
     """A local model path must exist and hold an HF config; hub names are checked at load."""
-    if name == "tiny":
+    if name in PRESETS:
         return
     if name.startswith(("http://", "https://")):
         raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
@@ -182,7 +183,7 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     agent_models = {e.split("=", 1)[1].strip() for e in (args.agents or "").split(",") if "=" in e}
-    demo = args.model == "tiny" or agent_models == {"tiny"} or \
+    demo = args.model in PRESETS or bool(agent_models) and agent_models <= PRESETS.keys() or \
         (args.backend == "local" and args.model is None and not args.agents and not has_gpu())
     cfg = load_config(env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)

@@ -21,6 +21,12 @@ the recipe below, and commit the result):
   substituting a model-specific class with its own pre-tokenizer).
 
 Weights are not shipped: :func:`load_tiny` initialises them from a fixed seed.
+
+Two presets share these files (:data:`PRESETS`): ``tiny``, whose input and output embeddings are
+one matrix (``tie_word_embeddings``), and ``tiny-untied``, the same model with a separate output
+matrix (82k more parameters). Untie it where a word must be copied as the same token it was read
+as: training a token as an output in contexts that don't determine it then no longer moves its
+input embedding (``docs/multi-agent.md``, the relay demo).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 BUILT_IN_FAMILIES = ("terminal", "toolcall", "swe", "gui")
 MERGES = 1024  # learned BPE merges on top of the 256 bytes
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(TOOL_TAGS) + MERGES
+PRESETS = {"tiny": True, "tiny-untied": False}   # model name -> input/output embeddings tied
 
 
 def _byte_alphabet() -> list[str]:
@@ -155,12 +162,13 @@ def load_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(HERE))
 
 
-def load_tiny(seed: int = 0) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: weights drawn from ``seed``, the same on every machine."""
+def load_tiny(seed: int = 0, tied: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: weights drawn from ``seed``, the same on every machine;
+    ``tied=False``: a separate output embedding (the ``tiny-untied`` preset)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(str(HERE))
+    config = AutoConfig.from_pretrained(str(HERE), tie_word_embeddings=tied)
     devices = []  # seed only this draw, not the caller's global RNG
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -170,9 +178,9 @@ def load_tiny(seed: int = 0) -> tuple[Any, Any]:
     return model.eval(), load_tokenizer()
 
 
-def save_tiny(directory: str | os.PathLike, seed: int = 0) -> Path:
+def save_tiny(directory: str | os.PathLike, seed: int = 0, tied: bool = True) -> Path:
     """Write a complete HF model directory (weights included) loadable by path."""
-    model, tokenizer = load_tiny(seed)
+    model, tokenizer = load_tiny(seed, tied)
     out = Path(directory)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from agents.tiny import PRESETS
 from train.config import Config, ConfigError, policy_roles
 from train.rollout import load_tasks
 from train.verl_backend import RUN_ENV
@@ -66,9 +67,12 @@ def model_path(cfg: Config, name: str | None = None) -> str:
         start = Path(cfg.run.output).resolve() / "warm_start"
         return str(start / name if cfg.agents and name else start)
     model = cfg.agents.get(name, cfg.model.name) if name else cfg.model.name
-    if model == "tiny":
-        return str(Path(cfg.run.output).resolve() / "model")
-    return model
+    return str(preset_dir(cfg, model)) if model in PRESETS else model
+
+
+def preset_dir(cfg: Config, preset: str) -> Path:
+    """Where a run writes the tiny preset ``preset`` (:data:`agents.tiny.PRESETS`) for veRL to load."""
+    return Path(cfg.run.output).resolve() / ("model" if preset == "tiny" else preset)
 
 
 def policy_models(cfg: Config) -> dict[str, str]:
@@ -274,9 +278,11 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     if cfg.sft.steps > 0:
         from train.sft import warm_starts
         warm_starts(cfg, output / "warm_start")
-    elif "tiny" in {cfg.model.name, *cfg.agents.values()} and not (output / "model" / "config.json").is_file():
+    else:
         from agents.tiny import save_tiny
-        save_tiny(output / "model", seed=cfg.run.seed)
+        for preset in PRESETS.keys() & {cfg.model.name, *cfg.agents.values()}:
+            if not (preset_dir(cfg, preset) / "config.json").is_file():
+                save_tiny(preset_dir(cfg, preset), seed=cfg.run.seed, tied=PRESETS[preset])
     write_task_data(tasks, data_path(cfg), cfg.env.family)
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
