@@ -17,18 +17,18 @@ each turn), against the same ``tiny`` model five ways:
   the same PPO steps and swaps run), without the proxy's sessions, recording and judge.
 
 Per mode and ``C``: requests/s, latency p50/p99 (ms), ``cpu_ms`` (the process's CPU time per
-request, every thread: client, server, model, judges and learner; unlike latency, it barely
-depends on the machine's load), and the generation batches the model ran (``batches``;
-``joined``: requests that joined a running batch). ``added_p50``/``added_p99``:
-the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s; for
+request, every thread: client, server, model, judges and learner; mostly torch's threads, which
+spin while they wait, so it is too coarse for the proxy's own bookkeeping), and the generation
+batches the model ran (``batches``; ``joined``: requests that joined a running batch).
+``added_p50``/``added_p99``: the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s; for
 ``proxy_train`` also ``added_p50_http_train``/``added_p99_http_train``: over ``http_train``'s
 (what the proxy adds when both share the CPU with the same learner). The requests are seeded
 (``seed(k, t)``), so every mode but the two training ones generates the same tokens. The modes
 alternate within each level, ``--repeat`` rounds, so a drifting machine load hits them alike.
 With training on (both training modes): ``update_ms`` and ``swap_ms`` (the longest PPO step and
 weight swap), the p50 latency of the requests in flight during a swap, of those in flight during
-a PPO step (but no swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a request that met
-it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in one process on this
+a PPO step (but no swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a
+request that met it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in one process on this
 machine's CPU, the client and the learner included; figures are printed, never asserted.
 """
 
@@ -91,8 +91,8 @@ def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None,
     def offer(req: ChatRequest, gen: Any, reply: dict) -> None:
         k, t = divmod(req.sampling["seed"], seed(1, 0))
         if t < turns - 1:
-            trainer.offer(Session(f"s{k}", f"s{k}", True), Turn(t, req.messages, gen, reply, req.sampling["temperature"]),
-                          1.0, None)
+            turn = Turn(t, req.messages, gen, reply, req.sampling["temperature"])
+            trainer.offer(Session(f"s{k}", f"s{k}", True), turn, 1.0, None)
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Any:
@@ -112,13 +112,13 @@ def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None,
     return app
 
 
-def figures(spans: list[tuple[float, float]], wall: float, **over: dict) -> dict[str, Any]:
+def figures(spans: list[tuple[float, float]], wall: float, over: dict[str, dict] | None = None) -> dict[str, Any]:
     """Requests/s and latency p50/p99; ``added_p50<suffix>``/``added_p99<suffix>``: over the
     figures ``over[suffix]`` (suffix ``""``: bare, ``"_http"``...), in %."""
     lat = [b - a for a, b in spans]
     out = {"requests": len(spans), "rps": round(len(spans) / wall, 2),
            "p50_ms": ms_percentile(lat, 0.5, 1), "p99_ms": ms_percentile(lat, 0.99, 1)}
-    for suffix, base in over.items():
+    for suffix, base in (over or {}).items():
         for q in ("p50", "p99"):
             out[f"added_{q}{suffix}"] = f"{100 * (out[f'{q}_ms'] / base[f'{q}_ms'] - 1):+.1f}%"
     return out
@@ -225,11 +225,12 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
                         got[mode] += spans
                         walls[mode] += wall
                 fig = {"bare": figures(got["bare"], walls["bare"])}
-                fig["http"] = figures(got["http"], walls["http"], **{"": fig["bare"]})
-                fig["http_train"] = figures(got["http_train"], walls["http_train"], **{"": fig["bare"], "_http": fig["http"]})
-                fig["proxy"] = figures(got["proxy"], walls["proxy"], **{"": fig["bare"], "_http": fig["http"]})
-                fig["proxy_train"] = figures(got["proxy_train"], walls["proxy_train"], **{
-                    "": fig["bare"], "_http": fig["http"], "_http_train": fig["http_train"]})
+                fig["http"] = figures(got["http"], walls["http"], {"": fig["bare"]})
+                over = {"": fig["bare"], "_http": fig["http"]}
+                fig["http_train"] = figures(got["http_train"], walls["http_train"], over)
+                fig["proxy"] = figures(got["proxy"], walls["proxy"], over)
+                fig["proxy_train"] = figures(got["proxy_train"], walls["proxy_train"],
+                                             {**over, "_http_train": fig["http_train"]})
                 for mode, learner in learners.items():
                     fig[mode].update(stalls(got[mode], learner.swaps[first_swap[mode]:],
                                             learner.updates[first_swap[mode]:]))
