@@ -20,16 +20,17 @@ Per mode and ``C``: requests/s, latency p50/p99 (ms), ``cpu_ms`` (the process's 
 request, every thread: client, server, model, judges and learner; mostly torch's threads, which
 spin while they wait, so it is too coarse for the proxy's own bookkeeping), and the generation
 batches the model ran (``batches``; ``joined``: requests that joined a running batch).
-``added_p50``/``added_p99``: the latency over bare's, in %; ``added_p50_http``/``added_p99_http``: over ``http``'s; for
-``proxy_train`` also ``added_p50_http_train``/``added_p99_http_train``: over ``http_train``'s
-(what the proxy adds when both share the CPU with the same learner). The requests are seeded
-(``seed(k, t)``), so every mode but the two training ones generates the same tokens. The modes
-alternate within each level, ``--repeat`` rounds, so a drifting machine load hits them alike.
-With training on (both training modes): ``update_ms`` and ``swap_ms`` (the longest PPO step and
-weight swap), the p50 latency of the requests in flight during a swap, of those in flight during
-a PPO step (but no swap) and of the others; ``stall_ms`` (swap minus others: what a swap cost a
-request that met it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in one process on this
-machine's CPU, the client and the learner included; figures are printed, never asserted.
+``added_p50``/``added_p99``: the latency over bare's, in %; ``added_p50_http``/``added_p99_http``:
+over ``http``'s; for ``proxy_train`` also ``added_p50_http_train``/``added_p99_http_train``: over
+``http_train``'s (what the proxy adds when both share the CPU with the same learner). The requests
+are seeded (``seed(k, t)``), so every mode but the two training ones generates the same tokens.
+The modes alternate within each level, ``--repeat`` rounds, so a drifting machine load hits them
+alike. With training on (both training modes): ``update_ms`` and ``swap_ms`` (the longest PPO step
+and weight swap), the p50 latency of the requests in flight during a swap, of those in flight
+during a PPO step (but no swap) and of the others; ``stall_ms`` (swap minus others: what a swap
+cost a request that met it) and ``update_cost_ms`` (the same for a PPO step). Everything runs in
+one process on this machine's CPU, the client and the learner included; figures are printed, never
+asserted.
 """
 
 from __future__ import annotations
