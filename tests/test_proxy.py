@@ -24,7 +24,7 @@ from agents.hf_policy import HFPolicy
 from judges.rules import RuleJudge, rule_vote, text_state
 from train.config import Config
 from train.proxy import ProxyTrainer, TrainingProxy, serving, split_tool_calls
-from train.sessions import SessionTable
+from train.sessions import Session, SessionTable, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -321,6 +321,28 @@ def test_the_learner_thread_runs_below_serving(tmp_path):
         learner = trainer.executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert learner.result() == own + 3
     finally:
+        trainer.close()
+
+
+def test_turns_offered_during_a_step_train_right_after_it(tmp_path):
+    """A turn judged while a PPO step runs starts the next step when that one ends, without
+    waiting for another offer (the last turns of a run would otherwise never train)."""
+    policy = HFPolicy("tiny", max_new_tokens=4)
+    trainer = ProxyTrainer(policy, Config(), tmp_path, batch=1, save_every=100)
+    msgs = [{"role": "user", "content": "run the tests"}]
+    gen = asyncio.run(policy.generate(msgs, None, max_tokens=4))
+    session = Session("s", "s", keyed=True)
+    gate = threading.Event()
+    trainer.executor.submit(gate.wait)   # the learner thread is busy until the gate opens
+    try:
+        for i, vote in enumerate((1.0, -1.0)):
+            trainer.offer(session, Turn(i, msgs, gen, {"role": "assistant", "content": gen.text}, 1.0), vote, None)
+        assert trainer.busy.is_set() and len(trainer.ready) == 1   # the first step waits; the second turn too
+        gate.set()
+        wait_for(lambda: trainer.steps >= 1 and not trainer.busy.is_set(), "the training steps")
+        assert trainer.steps == 2 and trainer.ready == []
+    finally:
+        gate.set()
         trainer.close()
 
 

@@ -264,6 +264,8 @@ class ProxyTrainer:
         self.steps = 0
         self.saved = 0
         self.busy = threading.Event()
+        self.closing = False
+        self._lock = threading.Lock()   # ready and busy: offered on the event loop, taken on the learner thread
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
                                            initializer=self._lower_priority)
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
@@ -291,16 +293,28 @@ class ProxyTrainer:
             self.counts["zero"] += 1
             return
         self.counts["hinted"] += teacher is not None
-        self.ready.append((session, turn, advantage, reward, teacher))
-        if len(self.ready) >= self.batch and not self.busy.is_set():
-            chosen, self.ready = self.ready[:self.batch], self.ready[self.batch:]
-            self.busy.set()
-            self.executor.submit(self._train, chosen).add_done_callback(self._trained)
+        with self._lock:
+            self.ready.append((session, turn, advantage, reward, teacher))
+            if not self.busy.is_set():
+                self._next_step()
+
+    def _next_step(self) -> None:
+        """(Lock held.) Start a step on the first ``batch`` waiting turns, if that many wait;
+        ``busy`` is set while a step runs."""
+        if len(self.ready) < self.batch or self.closing:
+            self.busy.clear()
+            return
+        chosen, self.ready = self.ready[:self.batch], self.ready[self.batch:]
+        self.busy.set()
+        self.executor.submit(self._train, chosen).add_done_callback(self._trained)
 
     def _trained(self, fut: Any) -> None:
-        self.busy.clear()
+        """A step ended: the turns offered meanwhile start the next one at once (else they would
+        wait for the next offer, and the last ones of a run would never train)."""
         if fut.exception() is not None:
             log.error("training step failed: %s", fut.exception(), exc_info=fut.exception())
+        with self._lock:
+            self._next_step()
 
     def _train(self, chosen: list[tuple[Session, Turn, float, float, list[int] | None]]) -> None:
         """One PPO step on ``chosen``, then the weights swap into the serving model (learner thread)."""
@@ -344,6 +358,8 @@ class ProxyTrainer:
                                self.learner.optimizer.state_dict(), {"version": self.policy.version}, keep=3)
 
     def close(self) -> None:
+        with self._lock:
+            self.closing = True   # no new step; the running one finishes
         self.executor.shutdown(wait=True)
         self.save()
         self.metrics.close()
