@@ -13,8 +13,9 @@ each turn), against the same ``tiny`` model five ways:
 * ``proxy_train`` -- the same, training on (a PPO step every ``--batch`` judged turns, its
   weights swapped in between generation batches);
 * ``http_train`` -- the fair control for ``proxy_train``: the plain server with the same learner
-  beside it (:class:`train.proxy.ProxyTrainer`, offered each answer the proxy would judge, so
-  the same PPO steps and swaps run), without the proxy's sessions, recording and judge.
+  beside it (:class:`train.proxy.ProxyTrainer`, offered each answer the proxy would judge when
+  its session's next request arrives, so the same PPO steps and swaps run at the same points),
+  without the proxy's sessions, recording and judge.
 
 Per mode and ``C``: requests/s, latency p50/p99 (ms), ``cpu_ms`` (the process's CPU time per
 request, every thread: client, server, model, judges and learner; mostly torch's threads, which
@@ -86,14 +87,21 @@ def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None,
 
     With ``trainer`` (the control for training on): each answer the training proxy would judge
     (every turn of a ``turns``-turn session but the last, read off the request's seed) is offered
-    to it with reward 1, so ``trainer`` runs the PPO steps and weight swaps the proxy's would."""
+    to it with reward 1 when the session's next request arrives, as the proxy offers it once its
+    next state is judged, so ``trainer`` runs the PPO steps and weight swaps the proxy's would, at
+    the same points of the request stream."""
     app = FastAPI()
+    answered: dict[int, Turn] = {}   # each session's latest answer, offered at its next request
 
-    def offer(req: ChatRequest, gen: Any, reply: dict) -> None:
+    def offer(req: ChatRequest) -> None:
+        k, t = divmod(req.sampling["seed"], seed(1, 0))
+        if t > 0 and k in answered:
+            trainer.offer(Session(f"s{k}", f"s{k}", True), answered.pop(k), 1.0, None)
+
+    def answer(req: ChatRequest, gen: Any, reply: dict) -> None:
         k, t = divmod(req.sampling["seed"], seed(1, 0))
         if t < turns - 1:
-            turn = Turn(t, req.messages, gen, reply, req.sampling["temperature"])
-            trainer.offer(Session(f"s{k}", f"s{k}", True), turn, 1.0, None)
+            answered[k] = Turn(t, req.messages, gen, reply, req.sampling["temperature"])
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Any:
@@ -101,10 +109,12 @@ def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None,
             req = parse_request(await request.body(), {}, max_tokens)
         except BadRequest as e:
             return JSONResponse({"error": {"message": str(e), "code": e.status}}, status_code=e.status)
+        if trainer is not None:
+            offer(req)
         gen = await policy.generate(req.messages, req.tools, **req.sampling)
         reply = assistant_message(gen.text, req.tools)
         if trainer is not None:
-            offer(req, gen, reply)
+            answer(req, gen, reply)
         return JSONResponse({"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                              "created": int(time.time()), "model": "tiny",
                              "choices": [{"index": 0, "message": reply, "finish_reason": finish_reason(gen, reply),
