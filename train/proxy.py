@@ -265,7 +265,9 @@ class ProxyTrainer:
         self.saved = 0
         self.busy = threading.Event()
         self.closing = False
-        self._lock = threading.Lock()   # ready and busy: offered on the event loop, taken on the learner thread
+        # ready and busy: offered on the event loop, taken on the learner thread; reentrant, as a step
+        # that ended before its done callback was added runs that callback here, lock held
+        self._lock = threading.RLock()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
                                            initializer=self._lower_priority)
         self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
