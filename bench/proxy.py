@@ -57,9 +57,17 @@ from train.sessions import Session, Turn
 Ask = Callable[[int, int, list[dict]], Awaitable[str]]
 
 
+TURNS_PER_SEED_BLOCK = 1000   # session k's turns are seeded k*1000, k*1000 + 1, ...
+
+
 def seed(k: int, t: int) -> int:
     """The sampling seed of session ``k``'s turn ``t`` (every mode sends the same)."""
-    return 1000 * k + t
+    return TURNS_PER_SEED_BLOCK * k + t
+
+
+def session_turn(sampling_seed: int) -> tuple[int, int]:
+    """``(k, t)`` of a request sent with ``seed(k, t)``."""
+    return divmod(sampling_seed, TURNS_PER_SEED_BLOCK)
 
 
 async def sessions(concurrency: int, turns: int, ask: Ask) -> tuple[list[tuple[float, float]], float]:
@@ -94,12 +102,12 @@ def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None,
     answered: dict[int, Turn] = {}   # each session's latest answer, offered at its next request
 
     def offer(req: ChatRequest) -> None:
-        k, t = divmod(req.sampling["seed"], seed(1, 0))
+        k, t = session_turn(req.sampling["seed"])
         if t > 0 and k in answered:
             trainer.offer(Session(f"s{k}", f"s{k}", True), answered.pop(k), 1.0, None)
 
     def answer(req: ChatRequest, gen: Any, reply: dict) -> None:
-        k, t = divmod(req.sampling["seed"], seed(1, 0))
+        k, t = session_turn(req.sampling["seed"])
         if t < turns - 1:
             answered[k] = Turn(t, req.messages, gen, reply, req.sampling["temperature"])
 

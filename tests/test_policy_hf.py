@@ -166,7 +166,6 @@ def test_saved_dir_loads_by_path_offline(tmp_path):
     assert json.loads((Path(tmp_path) / "tiny" / "config.json").read_text())["model_type"] == "llama"
 
 
-
 def test_untied_preset_has_its_own_output_embedding_and_trains_saves_loads(tmp_path):
     """``tiny-untied``: the same tokenizer and input embedding as ``tiny``, a separate output
     matrix; a step on an output-only loss leaves the input embedding alone; it saves and loads
@@ -194,6 +193,7 @@ def test_untied_preset_has_its_own_output_embedding_and_trains_saves_loads(tmp_p
     fresh, _ = load_tiny(tied=False)
     assert all(torch.equal(a, b) for a, b in zip(loaded.model.state_dict().values(), fresh.state_dict().values()))
     assert not torch.equal(fresh.lm_head.weight, fresh.model.embed_tokens.weight)
+
 
 # -- batching ---------------------------------------------------------------------------
 def _recomputed(policy: HFPolicy, gen, temperature: float) -> torch.Tensor:
