@@ -11,8 +11,8 @@
 
 from typing import Any
 
-from agents.policy import Generation, Policy, PolicyError
-from agents.trajectory import Step, Trajectory
+from nextstate.agents.policy import Generation, Policy, PolicyError
+from nextstate.agents.trajectory import Step, Trajectory
 
 def make_policy(spec: str, **kw: Any) -> Policy:
     """A policy from a string.
@@ -23,9 +23,9 @@ def make_policy(spec: str, **kw: Any) -> Policy:
     :class:`~agents.hf_policy.HFPolicy` on that local path or hub name.
     """
     if spec.startswith(("http://", "https://")):
-        from agents.openai_policy import OpenAIPolicy
+        from nextstate.agents.openai_policy import OpenAIPolicy
         return OpenAIPolicy(spec, **kw)
-    from agents.hf_policy import HFPolicy
+    from nextstate.agents.hf_policy import HFPolicy
     return HFPolicy(spec, **kw)
 
 

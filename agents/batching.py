@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from agents.policy import PolicyError
+from nextstate.agents.policy import PolicyError
 
 
 @dataclass

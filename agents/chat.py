@@ -17,9 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agents.policy import Policy
-from envs import registry
-from envs.base import Observation
+from nextstate.agents.policy import Policy
+from nextstate.envs import registry
+from nextstate.envs.base import Observation
 
 TOOL_FORMAT = ('Call a tool by answering with <tool_call>{"name": <tool name>, "arguments": '
                '<JSON object of arguments>}</tool_call>.')

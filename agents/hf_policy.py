@@ -29,8 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
-from agents.batching import Batcher, Decoded, PrefixCache, Row, decode
-from agents.policy import Generation, Policy, cut_at_stop, split_stops
+from nextstate.agents.batching import Batcher, Decoded, PrefixCache, Row, decode
+from nextstate.agents.policy import Generation, Policy, cut_at_stop, split_stops
 
 
 class WeightsLock:
@@ -115,7 +115,7 @@ class HFPolicy(Policy):
                  batch_window_s: float = 0.005, max_batch_rows: int = 32,
                  prefix_cache_bytes: int = 1 << 30):
         import torch
-        from agents.tiny import PRESETS, load_tiny
+        from nextstate.agents.tiny import PRESETS, load_tiny
         if model_name_or_path in PRESETS:
             self.model, self.tokenizer = load_tiny(seed, tied=PRESETS[model_name_or_path])
         else:

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agents.policy import Generation, Policy, PolicyError
+from nextstate.agents.policy import Generation, Policy, PolicyError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from agents.policy import Generation, Policy
+from nextstate.agents.policy import Generation, Policy
 
 
 @dataclass
@@ -215,7 +215,7 @@ class ScriptedPolicy(Policy):
 
     def __init__(self, script: list[str] | Callable[[list[dict]], str], delay: float = 0.0,
                  name: str = "scripted"):
-        from agents.tiny import load_tokenizer
+        from nextstate.agents.tiny import load_tokenizer
         self.script, self.delay, self.name = script, delay, name
         self.tokenizer = load_tokenizer()
         self.calls = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from envs.base import Observation
+from nextstate.envs.base import Observation
 
 Status = Literal["finished", "truncated", "aborted"]
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 import numpy as np
 
 from bench import report as show
-from train.advantage import EPS, StepRows, compute_advantages
+from nextstate.train.advantage import EPS, StepRows, compute_advantages
 
 
 def make_rows(n: int, seed: int = 0, samples: int = 8, max_steps: int = 10) -> StepRows:

@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from bench import ms_percentile, report
-from envs.gui import GUIEnv
-from containers.pool import SandboxPool
+from nextstate.envs.gui import GUIEnv
+from nextstate.containers.pool import SandboxPool
 
 IMAGE = "nextstate/desktop:latest"
 TASK = "counter"

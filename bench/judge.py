@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 
 from bench import report
-import containers
-from train.rollout import collect
-from agents.openai_policy import OpenAIPolicy
-from agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
-from containers.pool import SandboxPool
-from envs.terminal import TerminalEnv, load_terminal_tasks
-from judges.prm import StepJudge
+from nextstate import containers
+from nextstate.train.rollout import collect
+from nextstate.agents.openai_policy import OpenAIPolicy
+from nextstate.agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
+from nextstate.containers.pool import SandboxPool
+from nextstate.envs.terminal import TerminalEnv, load_terminal_tasks
+from nextstate.judges.prm import StepJudge
 
 TASK = {"id": "bench-notes", "instruction": "Create /app/notes.txt with two lines: alpha, then beta.",
         "tests": "import pathlib\n\ndef test_notes():\n"

@@ -122,9 +122,9 @@ def gains(families: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def family_config(family: str, overrides: list[str], heldout: int | None = None) -> Any:
     """The CPU demo's config on ``family``; ``heldout``: evaluate on its first that many held-out seeds."""
-    from envs.relay import env as relay
-    from envs.terminal import outdir, procedural
-    from train.config import load_config
+    from nextstate.envs.relay import env as relay
+    from nextstate.envs.terminal import outdir, procedural
+    from nextstate.train.config import load_config
 
     first = {"procedural": procedural.NAMED, "outdir": outdir.NAMED, "relay": relay.NAMED}[family]["heldout"][0]
     subset = [f"eval.tasks={family}:{first}:{heldout}"] if heldout else []
@@ -142,7 +142,7 @@ def variants_of(family: str, asked: list[str]) -> list[str]:
 def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out: Path,
                   extra: list[str], heldout: int | None = None) -> dict[str, Any]:
     """One run of variant ``name`` on ``family`` from the warm start; its held-out curve."""
-    from train.local import LocalTrainer
+    from nextstate.train.local import LocalTrainer
 
     variant = [o.format(warm=warm) for o in {**VARIANTS, **MULTI_AGENT}[name]]
     cfg = family_config(family, [
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.collect:
         return collect_figures(args)
-    from train.sft import warm_start
+    from nextstate.train.sft import warm_start
 
     _one_thread()
     started = time.monotonic()

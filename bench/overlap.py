@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from bench import report as show
-from train.local import overlapped_loop
+from nextstate.train.local import overlapped_loop
 
 
 def timed(steps: int, staleness: int, rollout: Callable[[int], Any], train: Callable[[int, Any], dict]) -> float:
@@ -48,13 +48,13 @@ def synthetic(seconds: float) -> tuple[Callable, Callable, dict, Callable[[], No
 
 
 def tiny(episodes: int) -> tuple[Callable, Callable, dict, Callable[[], None]]:
-    from agents.hf_policy import HFPolicy
-    from train.rollout import collect
-    from agents.testing import ScriptedPolicy
-    from train.batch import build_batch
-    from train.config import load_config
-    from train.learner import Learner
-    from train.rollout import make_envs
+    from nextstate.agents.hf_policy import HFPolicy
+    from nextstate.train.rollout import collect
+    from nextstate.agents.testing import ScriptedPolicy
+    from nextstate.train.batch import build_batch
+    from nextstate.train.config import load_config
+    from nextstate.train.learner import Learner
+    from nextstate.train.rollout import make_envs
 
     cfg = load_config("toolcall", cpu_demo=True, overrides=[
         "env.sandbox_backend=local", f"rollout.parallel={episodes}", "advantage.drop_constant=false",

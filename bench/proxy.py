@@ -48,11 +48,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from bench import ms_percentile, report
-from judges.rules import RuleJudge
-from train.config import Config
-from train.proxy import (BadRequest, ChatRequest, ProxyTrainer, TrainingProxy, assistant_message, finish_reason,
+from nextstate.judges.rules import RuleJudge
+from nextstate.train.config import Config
+from nextstate.train.proxy import (BadRequest, ChatRequest, ProxyTrainer, TrainingProxy, assistant_message, finish_reason,
                          parse_request, serving, usage)
-from train.sessions import Session, Turn
+from nextstate.train.sessions import Session, Turn
 
 Ask = Callable[[int, int, list[dict]], Awaitable[str]]
 
@@ -173,7 +173,7 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
     rounds are pooled)."""
     import openai
 
-    from agents.hf_policy import HFPolicy
+    from nextstate.agents.hf_policy import HFPolicy
 
     sampling = {"max_tokens": max_tokens, "temperature": 1.0}
     bare_policy = HFPolicy("tiny", max_new_tokens=max_tokens)

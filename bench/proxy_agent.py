@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 import openai
 
-from envs.terminal import TerminalEnv, procedural
+from nextstate.envs.terminal import TerminalEnv, procedural
 
 STOP = ["</tool_call>"]
 
@@ -85,14 +85,14 @@ def free_port() -> int:
 
 def demo_warm_start(output: Path) -> Path:
     """The CPU demo's warm start (``python -m train --env terminal`` makes the same one)."""
-    from train.config import load_config
-    from train.sft import warm_start
+    from nextstate.train.config import load_config
+    from nextstate.train.sft import warm_start
     return warm_start(load_config("terminal", cpu_demo=True), output, progress=False)
 
 
 def proxy_command(model: str, output: Path, port: int, batch: int, lr: float, temperature: float,
                   max_tokens: int) -> list[str]:
-    return [sys.executable, "-m", "train.proxy", "--model", model, "--output", str(output), "--port", str(port),
+    return [sys.executable, "-m", "nextstate.train.proxy", "--model", model, "--output", str(output), "--port", str(port),
             "--judge", "rules", "--wait-outcome", "--batch", str(batch), "--max-tokens", str(max_tokens),
             "--served-name", "demo", "--set", f"train.lr={lr}", "--set", "train.kl_coef=0.01",
             "--set", f"rollout.temperature={temperature}", "--set", "train.micro_batch_size=16"]

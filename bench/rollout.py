@@ -46,12 +46,12 @@ from typing import Any
 
 import torch
 
-from agents.hf_policy import HFPolicy
+from nextstate.agents.hf_policy import HFPolicy
 from bench import report
 from bench.judge import settle
-from train.batch import trainable
-from train.config import load_config
-from train.rollout import chat_config, collect, make_envs, make_judge, single_role
+from nextstate.train.batch import trainable
+from nextstate.train.config import load_config
+from nextstate.train.rollout import chat_config, collect, make_envs, make_judge, single_role
 
 
 def busy_cpu_s() -> float | None:

@@ -28,9 +28,9 @@ from pathlib import Path
 import docker
 
 from bench import ms_percentile, report
-import containers
-from containers.pool import SandboxPool
-from containers.sandbox import DockerSandbox, SandboxSpec
+from nextstate import containers
+from nextstate.containers.pool import SandboxPool
+from nextstate.containers.sandbox import DockerSandbox, SandboxSpec
 
 
 def ms(seconds: list[float], q: float) -> float:

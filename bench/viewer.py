@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from train.rollout import collect, heldout
-from agents.policy import Generation, Policy
-from agents.recorder import Recorder
-from envs.actions import ToolCall, tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from judges.prm import StepJudge
-from train.batch import build_batch
-from train.config import AdvantageConfig
+from nextstate.train.rollout import collect, heldout
+from nextstate.agents.policy import Generation, Policy
+from nextstate.agents.recorder import Recorder
+from nextstate.envs.actions import ToolCall, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.judges.prm import StepJudge
+from nextstate.train.batch import build_batch
+from nextstate.train.config import AdvantageConfig
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run",
@@ -186,7 +186,7 @@ def write_run(out: str | Path, *, train_steps: int = 2, tasks_per_step: int = 3,
                                                              "samples_per_task": samples}}, indent=2))
     metrics = None
     if metrics_log:
-        from train.metrics import MetricsLog
+        from nextstate.train.metrics import MetricsLog
         metrics = MetricsLog(out)
     steps = 0
     held = [Task(f"held-{i:03d}", f"Find why worker {100 + i} fails and fix it.") for i in range(heldout_tasks)]
@@ -238,7 +238,7 @@ def start_viewer(run: Path, port: int) -> subprocess.Popen:
     """``python -m train.view RUN --port PORT`` in a subprocess, once it answers."""
     import urllib.request
 
-    proc = subprocess.Popen([sys.executable, "-m", "train.view", str(run), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "nextstate.train.view", str(run), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             figures.update(write_run(run, train_steps=1, min_agent_steps=args.steps, tasks_per_step=4,
                                      samples=4, max_steps=6, gui=True))
             figures["write_s"] = round(time.monotonic() - t, 1)
-        from train.view import RunIndex
+        from nextstate.train.view import RunIndex
         t = time.monotonic()
         index = RunIndex(run)
         index.refresh()

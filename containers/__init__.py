@@ -15,10 +15,10 @@ Nothing here imports an env: families above add their own images (the SWE family
 
 from __future__ import annotations
 
-from .build import build_image, ensure_image
-from .engine import (HOST_LABEL, PID_LABEL, PROJECT, PROJECT_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive,
+from nextstate.containers.build import build_image, ensure_image
+from nextstate.containers.engine import (HOST_LABEL, PID_LABEL, PROJECT, PROJECT_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive,
                      owner_labels)
-from .reap import project_containers, reap
+from nextstate.containers.reap import project_containers, reap
 
 __all__ = [
     "PROJECT", "PROJECT_LABEL", "RUN_LABEL", "PID_LABEL", "HOST_LABEL", "ROLE_LABEL",

@@ -12,10 +12,10 @@ import sys
 import time
 from importlib.metadata import entry_points
 
-from .build import Progress, build_all, known_images
-from .disks import reap_disks
-from .engine import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive
-from .reap import project_containers, reap
+from nextstate.containers.build import Progress, build_all, known_images
+from nextstate.containers.disks import reap_disks
+from nextstate.containers.engine import HOST_LABEL, PID_LABEL, ROLE_LABEL, RUN_LABEL, connect, owner_alive
+from nextstate.containers.reap import project_containers, reap
 
 COMMANDS = "nextstate.containers"
 

@@ -36,7 +36,7 @@ import docker
 import yaml
 from tqdm.auto import tqdm
 
-from .engine import connect
+from nextstate.containers.engine import connect
 
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"

@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .engine import doomed
+from nextstate.containers.engine import doomed
 
 log = logging.getLogger(__name__)
 

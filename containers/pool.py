@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from containers.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxConfigError, SandboxError, SandboxSpec,
+from nextstate.containers.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxConfigError, SandboxError, SandboxSpec,
                                 warn_local_backend)
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class SandboxPool:
 
     def _connect(self, hosts: list[str | None], build_missing: bool) -> None:
         import docker
-        import containers
+        from nextstate import containers
         for host in hosts:
             try:
                 client = docker.DockerClient(base_url=host) if host else docker.from_env()
@@ -154,7 +154,7 @@ class SandboxPool:
     def _ensure_image(self, client: Any, build_missing: bool) -> None:
         """Project images are (re)built when missing or stale; others must exist."""
         import docker
-        import containers
+        from nextstate import containers
         name = self.spec.image.split("/")[-1].split(":")[0]
         known = (Path(containers.__file__).parent / name / "Dockerfile").exists()
         if build_missing and self.spec.image == f"nextstate/{name}:latest" and known:
@@ -170,7 +170,7 @@ class SandboxPool:
     def _new_sandbox(self) -> Sandbox:
         if self.backend == "local":
             return LocalSandbox(self.spec)
-        import containers
+        from nextstate import containers
         with self._lock:
             idx = min(range(len(self._clients)), key=lambda i: self._per_client[i])
             self._per_client[idx] += 1
@@ -439,7 +439,7 @@ class SandboxPool:
             return []
         if self.backend == "local":
             return [sb for sb in idle if not sb.is_alive()]
-        import containers
+        from nextstate import containers
         running: dict[int, set[str]] = {}
         for idx, client in enumerate(self._clients):
             try:
@@ -486,7 +486,7 @@ class SandboxPool:
         with ThreadPoolExecutor(max_workers=16) as ex:
             list(ex.map(self._destroy, boxes))
         if self.backend == "docker":
-            import containers
+            from nextstate import containers
             for client in self._clients:
                 containers.reap(client, run_id=self.run_id)
         _LIVE_POOLS.discard(self)
@@ -515,7 +515,7 @@ def _close_all_pools() -> None:
 def reap_live_pools() -> None:
     """Remove every live pool's sandboxes (and their disks) straight from the engines, taking no
     pool's lock: for a process about to exit at once (the pools are unusable afterwards)."""
-    import containers
+    from nextstate import containers
     global _exiting
     _exiting = True   # a pool made from now on (an episode's retry) starts nothing
     pools = list(_LIVE_POOLS)

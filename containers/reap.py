@@ -7,8 +7,8 @@ from typing import Any
 
 import docker
 
-from .disks import reap_disks
-from .engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
+from nextstate.containers.disks import reap_disks
+from nextstate.containers.engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
 
 
 def project_containers(client: docker.DockerClient, run_id: str | None = None, *,

@@ -741,7 +741,7 @@ class DockerSandbox(Sandbox):
     def _attach_disk(self, labels: dict[str, str]) -> None:
         """Without an engine quota, put the writable layer on a loop-mounted disk of the limit's
         size (:mod:`containers.disks`); where this host can't, warn once and keep the watchdog."""
-        from containers.disks import DiskUnavailable, attach
+        from nextstate.containers.disks import DiskUnavailable, attach
 
         engine = str(self.client.api.base_url)
         if self._disk_limit is None or not self._loop_support.get(engine, True):

@@ -9,8 +9,8 @@ see :mod:`envs.multiagent`), imported below. Registering
 loads no env module; the sandbox runtime they run on is :mod:`containers`.
 """
 
-from envs import registry
-from envs import terminal, toolcall, swe, gui, relay  # noqa: F401,E402,I001  (each registers its family, in this order)
+from nextstate.envs import registry
+from nextstate.envs import terminal, toolcall, swe, gui, relay  # noqa: F401,E402,I001  (each registers its family, in this order)
 
 
 def env_class(family: str) -> type:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from envs import registry
-from envs.validate import validate
+from nextstate.envs import registry
+from nextstate.envs.validate import validate
 
 
 def main(argv: list[str] | None = None) -> int:

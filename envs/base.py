@@ -39,9 +39,9 @@ from typing import Any, ClassVar, Iterable
 import gymnasium
 from gymnasium.error import ResetNeeded
 
-from envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
-from containers.pool import PoolTimeout, SandboxPool
-from containers.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
+from nextstate.envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
+from nextstate.containers.pool import PoolTimeout, SandboxPool
+from nextstate.containers.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
 MAX_OBSERVATION_CHARS = 1 << 22
 INFRA_ERRORS = (SandboxError, PoolTimeout)

@@ -26,8 +26,8 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import pettingzoo
 
-from envs.actions import MAX_ACTION_BYTES, ToolCall, parse_action
-from envs.base import MAX_OBSERVATION_CHARS, AnyText, NextStateEnv, Task, ToolResult
+from nextstate.envs.actions import MAX_ACTION_BYTES, ToolCall, parse_action
+from nextstate.envs.base import MAX_OBSERVATION_CHARS, AnyText, NextStateEnv, Task, ToolResult
 
 
 class MultiAgentEnv(NextStateEnv):

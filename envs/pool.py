@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from containers.pool import PoolClosed, PoolTimeout, SandboxPool, docker_available
+from nextstate.containers.pool import PoolClosed, PoolTimeout, SandboxPool, docker_available
 
 __all__ = ["EnvCache", "PoolClosed", "PoolTimeout", "SandboxPool", "docker_available"]
 

@@ -15,7 +15,7 @@ A family is everything the suite needs to run, train on and check an env:
 
 :func:`register` works like ``gymnasium.register`` (and calls it)::
 
-    from envs import registry
+    from nextstate.envs import registry
     registry.register("count", entry_point=CountEnv, intro="You count files ...")
 
 Then the trainer (``python -m train --env mypkg.envs:count`` imports ``mypkg.envs``

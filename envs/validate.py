@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from envs import registry
-from envs.base import NextStateEnv, Task, play
-from envs.pool import EnvCache
+from nextstate.envs import registry
+from nextstate.envs.base import NextStateEnv, Task, play
+from nextstate.envs.pool import EnvCache
 
 CheckFn = Callable[[NextStateEnv, Task], "str | None"]
 

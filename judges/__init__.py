@@ -1,5 +1,5 @@
 """Step-level judges (process reward from the next state)."""
 
-from judges.prm import JudgeRequest, JudgeResult, StepJudge
+from nextstate.judges.prm import JudgeRequest, JudgeResult, StepJudge
 
 __all__ = ["JudgeRequest", "JudgeResult", "StepJudge"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 
-from judges.prm import JudgeRequest, JudgeResult, StepJudge, parse_hint, parse_vote, render_prompt, tally
+from nextstate.judges.prm import JudgeRequest, JudgeResult, StepJudge, parse_hint, parse_vote, render_prompt, tally
 
 MIN_HINT_CHARS = 10
 HINT_HEADER = "[hint from the next state]"

@@ -30,11 +30,11 @@ from typing import Any, Mapping
 
 import yaml
 
-from agents.chat import clip, multimodal
-from agents import make_policy
-from agents.policy import Policy, content_text
-from envs import registry
-from envs.base import Observation
+from nextstate.agents.chat import clip, multimodal
+from nextstate.agents import make_policy
+from nextstate.agents.policy import Policy, content_text
+from nextstate.envs import registry
+from nextstate.envs.base import Observation
 
 log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).resolve().parent / "templates"

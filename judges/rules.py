@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from judges.hints import hint_result
-from judges.prm import JudgeRequest, JudgeResult, format_action, format_next_state, tally
+from nextstate.judges.hints import hint_result
+from nextstate.judges.prm import JudgeRequest, JudgeResult, format_action, format_next_state, tally
 
 
 _EXIT = re.compile(r"(?:exit(?:ed)?[ _]?(?:with )?(?:code|status)?|return[ _]?code)\W{0,3}(-?\d+)", re.I)

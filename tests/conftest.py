@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from containers.pool import docker_available
+from nextstate.containers.pool import docker_available
 
 # Task directories under fixtures/ hold their own test_outputs.py files: task data, not tests.
 collect_ignore = ["fixtures"]
@@ -40,5 +40,5 @@ def docker_client():
 @pytest.fixture(scope="session")
 def terminal_image(docker_client) -> str:
     """The general terminal image, built (offline if need be) when missing."""
-    import containers
+    from nextstate import containers
     return containers.ensure_image("terminal", client=docker_client)

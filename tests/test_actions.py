@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envs.actions import (FORMAT_HINT, MAX_ACTION_BYTES, ActionError, NoToolCall, ToolCall,
+from nextstate.envs.actions import (FORMAT_HINT, MAX_ACTION_BYTES, ActionError, NoToolCall, ToolCall,
                           parse_action, tool_schema)
 
 TOOLS = [

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from train.advantage import (EPS, GROUPINGS, StepRows, bucket_codes, compute_advantages, register_grouping,
+from nextstate.train.advantage import (EPS, GROUPINGS, StepRows, bucket_codes, compute_advantages, register_grouping,
                              step_rewards)
 
 NAN = float("nan")

@@ -11,9 +11,9 @@ from pathlib import Path
 import docker
 import pytest
 
-import containers
-from containers import PID_LABEL, owner_labels, reap
-from containers.build import build, build_image, known_images, parent_of, read_packages
+from nextstate import containers
+from nextstate.containers import PID_LABEL, owner_labels, reap
+from nextstate.containers.build import build, build_image, known_images, parent_of, read_packages
 
 pytestmark = pytest.mark.docker
 
@@ -160,7 +160,7 @@ def test_reap_survives_vanished_container(client: docker.DockerClient) -> None:
 
 
 def test_chain_and_hash_follow_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from containers import build as b
+    from nextstate.containers import build as b
 
     for name, base in [("root", "debian:bookworm-slim"), ("child", "nextstate/root:latest")]:
         (tmp_path / name).mkdir()

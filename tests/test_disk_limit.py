@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-import containers
-from containers import disks
-from envs.pool import SandboxPool
-from containers.sandbox import DockerSandbox, SandboxSpec
+from nextstate import containers
+from nextstate.containers import disks
+from nextstate.envs.pool import SandboxPool
+from nextstate.containers.sandbox import DockerSandbox, SandboxSpec
 
 pytestmark = pytest.mark.docker
 LIMIT = 64 * 2 ** 20
@@ -115,7 +115,7 @@ def test_without_loop_devices_one_warning_and_the_watchdog(docker_client, termin
     monkeypatch.setattr(disks.os, "geteuid", lambda: 1000)
     boxes = []
     try:
-        with caplog.at_level(logging.WARNING, logger="containers.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="nextstate.containers.sandbox"):
             for _ in range(2):
                 boxes.append(DockerSandbox(SandboxSpec(image=terminal_image, disk="64m"), docker_client,
                                            containers.owner_labels("pytest-disk")))
@@ -145,7 +145,7 @@ def test_a_pool_run_and_a_sigkilled_owner_leave_no_disk(terminal_image, docker_c
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from envs.pool import SandboxPool
+        from nextstate.envs.pool import SandboxPool
         pool = SandboxPool({terminal_image!r}, size=2, backend="docker", run_id="pytest-disk-kill", disk="64m")
         pool.wait_ready(120)
         print("ready", flush=True)

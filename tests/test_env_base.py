@@ -10,10 +10,10 @@ import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.utils.env_checker import check_env
 
-from envs import registry
-from envs.actions import tool_schema
-from envs.base import AnyText, NextStateEnv, Outcome, Task, ToolResult
-from envs.pool import SandboxPool
+from nextstate.envs import registry
+from nextstate.envs.actions import tool_schema
+from nextstate.envs.base import AnyText, NextStateEnv, Outcome, Task, ToolResult
+from nextstate.envs.pool import SandboxPool
 
 pytestmark = pytest.mark.docker
 

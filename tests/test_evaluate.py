@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe.instances import BUILTIN, load_instances
-from envs import env_class
-from train.evaluate import evaluate, main, summarize
+from nextstate.envs.swe.instances import BUILTIN, load_instances
+from nextstate.envs import env_class
+from nextstate.train.evaluate import evaluate, main, summarize
 
 INSTANCES = load_instances()
 
@@ -17,7 +17,7 @@ INSTANCES = load_instances()
 @pytest.fixture(scope="module")
 def swe_image():
     """The offline SWE image, rebuilt when its sources changed (the pool only builds missing ones)."""
-    import containers
+    from nextstate import containers
     return containers.ensure_image("swe")
 
 
@@ -26,7 +26,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_env_class_comes_from_the_gymnasium_registry():
-    from envs.swe import SWEEnv
+    from nextstate.envs.swe import SWEEnv
     assert env_class("swe") is SWEEnv
     with pytest.raises(ValueError, match="unknown env 'nope'"):
         env_class("nope")
@@ -53,7 +53,7 @@ def test_toolcall_gold_and_noop(tmp_path):
 
 
 def test_a_model_policy_run_writes_rollouts_as_training_does(tmp_path):
-    from agents.testing import ScriptedPolicy
+    from nextstate.agents.testing import ScriptedPolicy
     policy = ScriptedPolicy(['<tool_call>{"name": "answer", "arguments": {"answer": "7"}}</tool_call>'])
     evaluate("toolcall", "builtin", policy, parallel=1, output=tmp_path, ids=["nextstate-aime-1"])
     rows = read_jsonl(tmp_path / "rollouts.jsonl")
@@ -95,7 +95,7 @@ def test_swe_gold_resolves_every_instance_and_noop_none(swe_image, tmp_path, cap
 
 @pytest.mark.docker
 def test_swe_with_a_scripted_policy_through_the_agent_loop(swe_image, tmp_path):
-    from agents.testing import ScriptedPolicy
+    from nextstate.agents.testing import ScriptedPolicy
     view = '<tool_call>{"name": "str_replace_editor", "arguments": {"command": "view", "path": "."}}</tool_call>'
     policy = ScriptedPolicy([view, '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'])
     ids = ["nextstate__datekit-17", "nextstate__inikit-8"]
@@ -135,7 +135,7 @@ def test_a_checkpoint_is_scored_with_the_trainers_prompt_and_sampling(tmp_path):
 def test_a_url_policys_request_limits_are_flags(tmp_path):
     """--request-timeout, --retries and --max-response-tokens reach the requests: a server slower than the
     timeout gets one request (no retry), asking for at most --max-response-tokens."""
-    from agents.testing import Reply, ScriptedOpenAIServer
+    from nextstate.agents.testing import Reply, ScriptedOpenAIServer
 
     with ScriptedOpenAIServer(Reply("too late", delay=3.0)) as server:
         rc = main(["--env", "toolcall", "--policy", server.url, "--ids", "nextstate-aime-1", "--output", str(tmp_path),

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from envs.actions import ActionError
-from envs.base import Task, play
-from envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
-from envs.gui.osworld import TaskUnsupported, load_tasks
+from nextstate.envs.actions import ActionError
+from nextstate.envs.base import Task, play
+from nextstate.envs.gui import GUIEnv, NoSolution, builtin_tasks, computer13_code
+from nextstate.envs.gui.osworld import TaskUnsupported, load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 OSWORLD = REPO.parent / "shared" / "data" / "osworld"  # optional extra coverage
@@ -47,7 +47,7 @@ const location = {pathname: '/', search: '', href: 'about:blank'};
 def test_every_builtin_check_reports_failure_on_an_empty_page_instead_of_raising():
     """A page without the task's elements (still loading, or another tab): each check says false, or the
     error it met; none throws (table-sort's read `.dataset` of null and the controller answered 500)."""
-    from envs.gui.env import checker_js
+    from nextstate.envs.gui.env import checker_js
 
     checks = {t.id: t.data["builtin"]["check"] for t in builtin_tasks()}
     script = EMPTY_PAGE + "console.log(JSON.stringify({" + ", ".join(
@@ -62,7 +62,7 @@ def test_every_builtin_check_reports_failure_on_an_empty_page_instead_of_raising
 
 
 def test_gui_outcomes_are_in_minus_one_to_one_like_every_family():
-    from envs.gui.env import outcome_of
+    from nextstate.envs.gui.env import outcome_of
 
     assert (outcome_of(0.0), outcome_of(1.0), outcome_of(0.5)) == (-1.0, 1.0, 0.0)
 
@@ -114,8 +114,8 @@ def test_missing_osworld_package_gives_a_clear_error():
 
 @pytest.fixture(scope="module")
 def pool(docker_client):
-    import containers
-    from envs.pool import SandboxPool
+    from nextstate import containers
+    from nextstate.envs.pool import SandboxPool
     containers.ensure_image("desktop", client=docker_client)
     p = SandboxPool(DESKTOP_IMAGE, size=1, reset="reuse", memory="2g", pids_limit=1024)
     yield p
@@ -125,8 +125,8 @@ def pool(docker_client):
 @pytest.mark.docker
 def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
     """The start script gives up (here: an Xvfb that exits) -> DesktopError with the log, not a wait to the timeout."""
-    from envs.gui.desktop import DesktopClient, DesktopError
-    from envs.pool import SandboxPool
+    from nextstate.envs.gui.desktop import DesktopClient, DesktopError
+    from nextstate.envs.pool import SandboxPool
     fresh = SandboxPool(DESKTOP_IMAGE, size=1, warm=False, memory="2g", pids_limit=1024)
     try:
         with fresh.lease() as sb:
@@ -331,7 +331,7 @@ def test_pyautogui_shim_covers_osworld_calls(env):
 @pytest.mark.docker
 @pytest.mark.browser
 def test_evaluate_reports_osworld_domains_and_skips(docker_client, tmp_path):
-    from train.evaluate import evaluate
+    from nextstate.train.evaluate import evaluate
     ids = ["win-cmd", "bluetooth-infeasible", "dict-func"]
     report = evaluate("gui", f"osworld:{FIXTURES}", "gold", parallel=1, output=tmp_path, ids=ids)
     results = (tmp_path / "results.jsonl").read_text()

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from envs.actions import tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from envs.pool import SandboxPool
+from nextstate.envs.actions import tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.envs.pool import SandboxPool
 
 
 class ShellEnv(NextStateEnv):
@@ -81,8 +81,8 @@ def test_malformed_actions_do_not_abort_an_agent_loop_episode(env):
     """Through train.rollout, as training runs it: every step is recorded, the episode ends normally."""
     import asyncio
 
-    from train.rollout import collect
-    from agents.testing import ScriptedPolicy
+    from nextstate.train.rollout import collect
+    from nextstate.agents.testing import ScriptedPolicy
 
     hostile = [a for what, a in HOSTILE.items() if what != "raw lone surrogate"]  # not tokenizable
     script = hostile + ['<tool_call>{"name": "finish", "arguments": {}}</tool_call>']
@@ -97,8 +97,8 @@ def test_malformed_actions_do_not_abort_an_agent_loop_episode(env):
 
 # -- judge, metrics, checkpoints ---------------------------------------------------------------
 async def test_judge_timeout_is_logged_with_text(caplog):
-    from agents.testing import ScriptedPolicy
-    from judges.prm import JudgeRequest, StepJudge
+    from nextstate.agents.testing import ScriptedPolicy
+    from nextstate.judges.prm import JudgeRequest, StepJudge
 
     judge = StepJudge(ScriptedPolicy(["\\boxed{1}"], delay=2.0), timeout=0.1)
     req = JudgeRequest("terminal", "do it", [], {"name": "bash", "arguments": {}}, {"output": "x"})
@@ -108,8 +108,8 @@ async def test_judge_timeout_is_logged_with_text(caplog):
 
 
 def test_vote_mean_is_missing_when_no_vote_was_valid():
-    from agents.trajectory import Step, Trajectory
-    from train.batch import rollout_metrics
+    from nextstate.agents.trajectory import Step, Trajectory
+    from nextstate.train.batch import rollout_metrics
 
     def traj(vote_mean):
         step = Step("agent", 0, [1], [2], [-0.1], "x", None, {"valid": True}, "o",
@@ -124,8 +124,8 @@ def test_vote_mean_is_missing_when_no_vote_was_valid():
 def test_a_half_deleted_checkpoint_is_cleaned_up(tmp_path):
     import torch
 
-    from agents.tiny import load_tiny
-    from train import checkpoint
+    from nextstate.agents.tiny import load_tiny
+    from nextstate.train import checkpoint
 
     model, tok = load_tiny(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -154,7 +154,7 @@ def _free_port() -> int:
     (["--policy", "http://127.0.0.1:{port}"], "policy URL http://127.0.0.1:{port} does not answer"),
 ])
 def test_evaluate_refuses_bad_flags_up_front(flags, message, tmp_path, capsys):
-    from train.evaluate import main
+    from nextstate.train.evaluate import main
 
     port = _free_port()
     flags = [f.format(port=port) for f in flags]
@@ -169,9 +169,9 @@ def test_evaluate_refuses_bad_flags_up_front(flags, message, tmp_path, capsys):
     ([], "lists no model"),
 ])
 def test_unknown_model_names_the_setting_to_fill_in(models, message, tmp_path, capsys):
-    from agents.testing import ScriptedOpenAIServer
-    from train.__main__ import main as train_main
-    from train.evaluate import main as evaluate_main
+    from nextstate.agents.testing import ScriptedOpenAIServer
+    from nextstate.train.__main__ import main as train_main
+    from nextstate.train.evaluate import main as evaluate_main
 
     with ScriptedOpenAIServer("\\boxed{1}", models=models) as server:
         assert train_main(["--env", "terminal", "--judge", server.url, "--model", "tiny",
@@ -186,8 +186,8 @@ def test_unknown_model_names_the_setting_to_fill_in(models, message, tmp_path, c
 
 
 def test_a_model_the_server_does_not_list_is_refused(tmp_path, capsys):
-    from agents.testing import ScriptedOpenAIServer
-    from train.evaluate import main
+    from nextstate.agents.testing import ScriptedOpenAIServer
+    from nextstate.train.evaluate import main
 
     with ScriptedOpenAIServer("x", models=["served"]) as server:
         assert main(["--env", "terminal", "--policy", server.url, "--model", "typo",
@@ -232,8 +232,8 @@ def html_server():
 
 
 def test_an_html_error_page_is_cut_to_one_line(html_server, tmp_path, capsys):
-    from train.__main__ import main as train_main
-    from train.evaluate import main as evaluate_main
+    from nextstate.train.__main__ import main as train_main
+    from nextstate.train.evaluate import main as evaluate_main
 
     assert train_main(["--env", "terminal", "--judge", html_server, "--model", "tiny",
                        "--output", str(tmp_path / "run")]) == 2
@@ -245,9 +245,9 @@ def test_an_html_error_page_is_cut_to_one_line(html_server, tmp_path, capsys):
 def test_a_judge_that_fails_a_chat_request_stops_the_run_at_start(tmp_path, capsys):
     """A wrong judge.model on a server whose /models cannot say (transformers serve): one real
     request at start finds it."""
-    from agents.testing import Reply, ScriptedOpenAIServer
-    from train.__main__ import build_config, main, parse_args
-    from train.config import ConfigError
+    from nextstate.agents.testing import Reply, ScriptedOpenAIServer
+    from nextstate.train.__main__ import build_config, main, parse_args
+    from nextstate.train.config import ConfigError
 
     argv = ["--env", "terminal", "--judge", "URL", "--model", "tiny", "--output", str(tmp_path), "judge.model=typo"]
     with ScriptedOpenAIServer(Reply(status=404, error="The model `typo` does not exist."), models=500) as server:
@@ -261,8 +261,8 @@ def test_a_judge_that_fails_a_chat_request_stops_the_run_at_start(tmp_path, caps
 
 @pytest.mark.docker
 def test_a_run_whose_judge_failed_on_every_step_of_its_first_step_stops(tmp_path, terminal_image, capsys):
-    from agents.testing import Reply, ScriptedOpenAIServer
-    from train.__main__ import main
+    from nextstate.agents.testing import Reply, ScriptedOpenAIServer
+    from nextstate.train.__main__ import main
 
     replies = ["\\boxed{1}", Reply(status=400, error="this judge broke after the probe")]   # probe, then every call
     with ScriptedOpenAIServer(replies) as server:
@@ -285,7 +285,7 @@ def test_importing_the_trainer_prints_no_verl_engine_warnings():
 
 
 def test_train_says_the_trained_model_must_be_local(tmp_path, capsys):
-    from train.__main__ import main
+    from nextstate.train.__main__ import main
 
     assert main(["--env", "terminal", "--model", "http://127.0.0.1:1/v1", "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -307,8 +307,8 @@ def test_sigint_during_start_up_is_one_line_exit_130_and_leaves_nothing(tmp_path
     import time
     from pathlib import Path
 
-    import containers
-    from containers import disks
+    from nextstate import containers
+    from nextstate.containers import disks
 
     cmd = [sys.executable, "-m", "train", "--env", "terminal", "--model", "tiny", "--parallel", "2", "--steps", "1",
            "--output", str(tmp_path / "run"), "rollout.tasks_per_step=1", "rollout.samples_per_task=2",

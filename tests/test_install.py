@@ -42,16 +42,17 @@ def _run(installed, *args):
 
 @pytest.mark.slow
 def test_the_installed_package_is_the_one_imported(installed):
-    out = _run(installed, "-c", "import configs, judges, train; print(train.__file__); print(configs.__file__)")
+    out = _run(installed, "-c", "import nextstate.configs, nextstate.judges, nextstate.train as t; "
+                                "print(t.__file__); print(nextstate.configs.__file__)")
     assert out.returncode == 0, out.stderr
     assert all("site-packages" in line and str(ROOT) not in line for line in out.stdout.splitlines())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, expect", [
-    (["-m", "train", "--env", "terminal", "--dry-run"], "family: terminal"),
-    (["-m", "train", "--env", "terminal", "--backend", "verl", "--dry-run"], "nextstate:"),
-    (["-m", "envs", "validate", "toolcall"], "0 failed"),
+    (["-m", "nextstate.train", "--env", "terminal", "--dry-run"], "family: terminal"),
+    (["-m", "nextstate.train", "--env", "terminal", "--backend", "verl", "--dry-run"], "nextstate:"),
+    (["-m", "nextstate.envs", "validate", "toolcall"], "0 failed"),
 ])
 def test_commands_work_from_an_unrelated_directory(installed, args, expect):
     out = _run(installed, *args)

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from agents.openai_policy import OpenAIPolicy
-from agents.policy import Generation, Policy
-from envs.base import Observation
-from agents.testing import Reply, ScriptedOpenAIServer
-from judges.prm import (JudgeRequest, StepJudge, compress_history, load_template, majority,
+from nextstate.agents.openai_policy import OpenAIPolicy
+from nextstate.agents.policy import Generation, Policy
+from nextstate.envs.base import Observation
+from nextstate.agents.testing import Reply, ScriptedOpenAIServer
+from nextstate.judges.prm import (JudgeRequest, StepJudge, compress_history, load_template, majority,
                         parse_hint, parse_vote, render_prompt, tally)
 
 
@@ -202,7 +202,7 @@ async def test_concurrency_is_limited():
 
 
 async def test_local_hf_backend():
-    from agents.hf_policy import HFPolicy
+    from nextstate.agents.hf_policy import HFPolicy
     result = await StepJudge(HFPolicy("tiny"), m=2, max_tokens=8).judge(request())
     assert len(result.votes) == 2 and result.error is None  # random text: votes are 0
     assert len(result.raw) == 2

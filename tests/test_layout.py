@@ -24,6 +24,8 @@ def _modules() -> dict[str, Path]:
             if "tasks" in rel.parts or (top == "containers" and len(rel.parts) > 2):
                 continue
             name = ".".join(rel.with_suffix("").parts)
+            if top != "bench":            # bench/ runs from the checkout; the rest is installed as nextstate.*
+                name = "nextstate." + name
             found[name.removesuffix(".__init__")] = path
     return found
 
@@ -57,10 +59,14 @@ def _imports(name: str, path: Path) -> set[str]:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
+def _floor(module: str) -> str:
+    return module.removeprefix("nextstate.").split(".")[0]
+
+
 def test_no_import_runs_up_a_floor():
     floor = {top: i for i, top in enumerate(FLOORS)}
     upward = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
-                    if floor[b.split(".")[0]] > floor[a.split(".")[0]])
+                    if floor[_floor(b)] > floor[_floor(a)])
     assert upward == []
 
 
@@ -98,20 +104,20 @@ def test_no_circle_of_modules():
 
 def test_the_graph_sees_imports_inside_functions():
     """The checks above would pass vacuously on a graph that missed lazy imports."""
-    assert "containers.disks" in GRAPH["containers.sandbox"]          # imported inside a method
-    assert "envs.terminal.procedural" in GRAPH["agents.tiny"]          # inside a function
+    assert "nextstate.containers.disks" in GRAPH["nextstate.containers.sandbox"]      # inside a method
+    assert "nextstate.envs.terminal.procedural" in GRAPH["nextstate.agents.tiny"]      # inside a function
 
 
 @pytest.mark.parametrize("statement", [
-    "from envs.pool import SandboxPool, EnvCache, PoolTimeout",
-    "from envs.sandbox import Sandbox, SandboxSpec, CommandResult",
-    "from envs.terminal import TerminalEnv, load_terminal_tasks",
-    "from envs.toolcall import ToolCallEnv",
-    "from envs.swe import SWEEnv",
-    "from envs.gui import GUIEnv",
-    "from containers import reap, owner_labels, ensure_image",
-    "from containers.pool import SandboxPool",
-    "from agents import make_policy",
+    "from nextstate.envs.pool import SandboxPool, EnvCache, PoolTimeout",
+    "from nextstate.containers.sandbox import Sandbox, SandboxSpec, CommandResult",
+    "from nextstate.envs.terminal import TerminalEnv, load_terminal_tasks",
+    "from nextstate.envs.toolcall import ToolCallEnv",
+    "from nextstate.envs.swe import SWEEnv",
+    "from nextstate.envs.gui import GUIEnv",
+    "from nextstate.containers import reap, owner_labels, ensure_image",
+    "from nextstate.containers.pool import SandboxPool",
+    "from nextstate.agents import make_policy",
 ])
 def test_public_imports_keep_working(statement):
     exec(statement, {})
@@ -120,10 +126,11 @@ def test_public_imports_keep_working(statement):
 def test_the_gymnasium_ids_are_registered_by_importing_envs():
     import gymnasium
 
-    import envs  # noqa: F401
+    from nextstate import envs  # noqa: F401
 
-    for family, cls in [("Terminal", "envs.terminal.env:TerminalEnv"), ("ToolCall", "envs.toolcall.env:ToolCallEnv"),
-                        ("SWE", "envs.swe.env:SWEEnv"), ("GUI", "envs.gui.env:GUIEnv")]:
+    for family, cls in [("Terminal", "nextstate.envs.terminal.env:TerminalEnv"),
+                        ("ToolCall", "nextstate.envs.toolcall.env:ToolCallEnv"),
+                        ("SWE", "nextstate.envs.swe.env:SWEEnv"), ("GUI", "nextstate.envs.gui.env:GUIEnv")]:
         assert gymnasium.spec(f"nextstate/{family}-v0").entry_point == cls
         module, _, attr = cls.partition(":")
         assert hasattr(importlib.import_module(module), attr)
@@ -134,4 +141,18 @@ def test_containers_cli_takes_build_swe_from_the_swe_family():
     from importlib.metadata import entry_points
 
     (command,) = [e for e in entry_points(group="nextstate.containers") if e.name == "build-swe"]
-    assert command.value == "envs.swe.images:add_command"
+    assert command.value == "nextstate.envs.swe.images:add_command"
+
+
+def test_every_package_folder_is_installed_under_nextstate():
+    """pyproject.toml lists the packages by hand (a folder maps to ``nextstate.<folder>``): a new package
+    folder left out of the list would be missing from a non-editable install."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    installed = [top for top in FLOORS if top != "bench"] + ["configs"]
+    folders = {".".join(("nextstate",) + path.parent.relative_to(ROOT).parts)
+               for top in installed for path in (ROOT / top).rglob("__init__.py")
+               if "tasks" not in path.parts and not (top == "containers" and len(path.relative_to(ROOT).parts) > 2)}
+    assert folders == set(setuptools["packages"])
+    assert setuptools["package-dir"] == {f"nextstate.{top}": top for top in installed}

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from envs.terminal import procedural
-from judges.rules import RuleJudge, rule_vote
-from judges.prm import JudgeRequest
+from nextstate.envs.terminal import procedural
+from nextstate.judges.rules import RuleJudge, rule_vote
+from nextstate.judges.prm import JudgeRequest
 
 def test_procedural_instances_are_seeded_and_heldout_is_disjoint():
     a, b = procedural.load("procedural:0:8"), procedural.load("procedural:0:8")
@@ -55,8 +55,8 @@ async def test_rule_judge_votes_on_the_next_state():
 @pytest.mark.docker
 @pytest.mark.slow
 def test_a_short_run_raises_heldout_success_over_the_warm_start(tmp_path, terminal_image):
-    from train.config import load_config
-    from train.local import LocalTrainer
+    from nextstate.train.config import load_config
+    from nextstate.train.local import LocalTrainer
 
     # 128 held-out episodes (the 64 held-out tasks twice): half the evaluation's sampling variance
     cfg = load_config("terminal", cpu_demo=True,
@@ -74,7 +74,7 @@ def test_a_short_run_raises_heldout_success_over_the_warm_start(tmp_path, termin
 
 
 def test_sft_keeps_the_steps_of_successful_trajectories_only(tmp_path):
-    from train.sft import examples_from_rollouts
+    from nextstate.train.sft import examples_from_rollouts
 
     msgs = [{"role": "user", "content": "task"}]
     rows = [{"kind": "step", "group_id": "g", "sample": 0, "step": 1, "role": "agent", "messages": msgs, "text": "b"},
@@ -90,7 +90,7 @@ def test_sft_keeps_the_steps_of_successful_trajectories_only(tmp_path):
 
 
 def test_demo_sizes_a_step_from_parallel():
-    from train.__main__ import build_config, parse_args
+    from nextstate.train.__main__ import build_config, parse_args
 
     cfg, demo = build_config(parse_args(["--env", "terminal", "--model", "tiny", "--parallel", "32", "--dry-run"]))
     assert demo and (cfg.rollout.tasks_per_step, cfg.rollout.samples_per_task, cfg.rollout.parallel) == (8, 4, 32)

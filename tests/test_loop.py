@@ -8,16 +8,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from train.rollout import Router, collect, planner_executor, run_episode
-from agents.openai_policy import OpenAIPolicy
-from agents.policy import Generation, Policy, PolicyError
-from agents.recorder import Recorder
-from agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
-from agents.trajectory import Trajectory
-from envs.actions import ToolCall, tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from containers.sandbox import SandboxError
-from judges.prm import StepJudge
+from nextstate.train.rollout import Router, collect, planner_executor, run_episode
+from nextstate.agents.openai_policy import OpenAIPolicy
+from nextstate.agents.policy import Generation, Policy, PolicyError
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
+from nextstate.agents.trajectory import Trajectory
+from nextstate.envs.actions import ToolCall, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.containers.sandbox import SandboxError
+from nextstate.judges.prm import StepJudge
 
 
 class EchoEnv(NextStateEnv):
@@ -205,8 +205,8 @@ async def test_router_naming_an_unknown_role_aborts():
 
 
 async def test_tiny_model_in_the_loop():
-    from agents.chat import ChatConfig
-    from agents.hf_policy import HFPolicy
+    from nextstate.agents.chat import ChatConfig
+    from nextstate.agents.hf_policy import HFPolicy
     policy = HFPolicy("tiny")
     trajs = await collect(lambda: EchoEnv(TASKS, max_steps=2), policy, TASKS[:1], n_samples=2,
                           parallel=2, chat=ChatConfig(max_response_tokens=16),

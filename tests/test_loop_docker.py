@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from train.rollout import collect
-from agents.openai_policy import OpenAIPolicy
-from agents.testing import ScriptedOpenAIServer, ScriptedPolicy
-from envs.pool import SandboxPool
-from envs.terminal import TerminalEnv, load_terminal_tasks
-from judges.prm import StepJudge
+from nextstate.train.rollout import collect
+from nextstate.agents.openai_policy import OpenAIPolicy
+from nextstate.agents.testing import ScriptedOpenAIServer, ScriptedPolicy
+from nextstate.envs.pool import SandboxPool
+from nextstate.envs.terminal import TerminalEnv, load_terminal_tasks
+from nextstate.judges.prm import StepJudge
 
 pytestmark = pytest.mark.docker
 

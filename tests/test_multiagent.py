@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from pettingzoo.test import api_test
 
-from agents.testing import ScriptedPolicy
-from envs.base import play
-from envs.multiagent import AECEnv
-from envs.relay import NOTE, RelayEnv
-from envs.relay.env import load
-from envs.terminal import TerminalEnv
-from train.rollout import run_episode
+from nextstate.agents.testing import ScriptedPolicy
+from nextstate.envs.base import play
+from nextstate.envs.multiagent import AECEnv
+from nextstate.envs.relay import NOTE, RelayEnv
+from nextstate.envs.relay.env import load
+from nextstate.envs.terminal import TerminalEnv
+from nextstate.train.rollout import run_episode
 
 pytestmark = pytest.mark.docker
 

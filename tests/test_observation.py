@@ -19,14 +19,14 @@ from typing import Any, Callable
 import pytest
 from PIL import Image
 
-from agents.chat import ChatConfig
-from train.rollout import run_episode
-from agents.policy import Policy
-from agents.recorder import Recorder
-from agents.testing import ScriptedPolicy
-from envs.base import Observation, Task
-from envs.pool import SandboxPool
-from judges.prm import StepJudge
+from nextstate.agents.chat import ChatConfig
+from nextstate.train.rollout import run_episode
+from nextstate.agents.policy import Policy
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.testing import ScriptedPolicy
+from nextstate.envs.base import Observation, Task
+from nextstate.envs.pool import SandboxPool
+from nextstate.judges.prm import StepJudge
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -96,22 +96,22 @@ def test_present_refuses_what_it_cannot_show():
 
 
 def _terminal(image: str) -> tuple[Any, Task, list[str], str]:
-    from envs.terminal import TerminalEnv
+    from nextstate.envs.terminal import TerminalEnv
     env = TerminalEnv(pool=SandboxPool(image, size=1, backend="docker"))
     return env, env.tasks[0], [call("bash", command="echo step-output-$((6*7))"), call("finish")], "step-output-42"
 
 
 def _toolcall(image: str) -> tuple[Any, Task, list[str], str]:
-    from envs.toolcall import ToolCallEnv
+    from nextstate.envs.toolcall import ToolCallEnv
     task = Task("half", "What is 1/2 as a decimal?", {"answer": "0.5"})
     env = ToolCallEnv([task], pool=SandboxPool(image, size=1, backend="docker"))
     return env, task, [call("python", code="print(1/2 + 41.5)"), call("answer", answer="0.5")], "42.0"
 
 
 def _swe(image: str) -> tuple[Any, Task, list[str], str]:
-    import containers
-    from envs.swe import SWEEnv
-    from envs.swe.instances import OFFLINE_IMAGE
+    from nextstate import containers
+    from nextstate.envs.swe import SWEEnv
+    from nextstate.envs.swe.instances import OFFLINE_IMAGE
     containers.ensure_image("swe")
     env = SWEEnv(pool=SandboxPool(OFFLINE_IMAGE, size=1), grade_timeout=120)
     return env, env.tasks[0], [call("bash", command="echo step-output-$((6*7))"), call("submit")], "step-output-42"
@@ -142,7 +142,7 @@ async def test_text_family_observation_reaches_policy_and_judge(family: str, ter
 
 @pytest.fixture(scope="module")
 def desktop_pool(docker_client):
-    import containers
+    from nextstate import containers
     containers.ensure_image("desktop", client=docker_client)
     with SandboxPool("nextstate/desktop:latest", size=1, reset="reuse", memory="2g", pids_limit=1024) as p:
         yield p
@@ -151,7 +151,7 @@ def desktop_pool(docker_client):
 @pytest.mark.docker
 @pytest.mark.browser
 async def test_gui_policy_sees_the_screen_and_judge_sees_before_and_after(desktop_pool, tmp_path):
-    from envs.gui import GUIEnv
+    from nextstate.envs.gui import GUIEnv
     env = GUIEnv(pool=desktop_pool, settle=0.3, a11y_tree_max_chars=300)
     task = env._by_id["signup-form"]
 

@@ -7,17 +7,17 @@ import asyncio
 import pytest
 import torch
 
-from agents.hf_policy import HFPolicy
-from agents.testing import ScriptedOpenAIServer
-from agents.trajectory import Step, Trajectory
-from judges.hints import HINT_HEADER, HintJudge, select_hint, teacher_messages
-from judges.prm import JudgeRequest
-from judges.rules import RuleHints, rule_hint
-from train.advantage import token_advantages
-from train.batch import Sample, build_batch, collate
-from train.config import load_config
-from train.learner import Learner
-from train.loss import token_log_probs
+from nextstate.agents.hf_policy import HFPolicy
+from nextstate.agents.testing import ScriptedOpenAIServer
+from nextstate.agents.trajectory import Step, Trajectory
+from nextstate.judges.hints import HINT_HEADER, HintJudge, select_hint, teacher_messages
+from nextstate.judges.prm import JudgeRequest
+from nextstate.judges.rules import RuleHints, rule_hint
+from nextstate.train.advantage import token_advantages
+from nextstate.train.batch import Sample, build_batch, collate
+from nextstate.train.config import load_config
+from nextstate.train.learner import Learner
+from nextstate.train.loss import token_log_probs
 
 FAILED = {"valid": True, "exit_code": 1,
           "output": "bash: line 4: /app/out/answer: No such file or directory\n[exit code 1]"}
@@ -76,7 +76,7 @@ async def test_llm_hint_judge_through_a_server_selects_by_vote():
                "[HINT_START]A longer hint that voted minus one, so it is dropped.[HINT_END] \\boxed{-1}",
                "[HINT_START]mkdir it.[HINT_END] \\boxed{1}"]
     with ScriptedOpenAIServer(lambda req: answers) as s:
-        from agents.openai_policy import OpenAIPolicy
+        from nextstate.agents.openai_policy import OpenAIPolicy
         judge = HintJudge(OpenAIPolicy(s.url, model="j"), m=3)
         result = await judge.judge(JudgeRequest("terminal", "write the word", [], {"name": "bash"}, FAILED))
         prompt = judge.messages(JudgeRequest("terminal", "write the word", [], {"name": "bash"}, FAILED))
@@ -137,8 +137,8 @@ def _verl_token_advantages(cfg, teacher_log_probs):
     from tensordict import TensorDict
     from verl.protocol import DataProto
 
-    from train.advantage import rl_weight
-    from train.verl_backend import advantage as vadv
+    from nextstate.train.advantage import rl_weight
+    from nextstate.train.verl_backend import advantage as vadv
 
     n = 4
     nt = {"uid": np.array(["g"] * n, dtype=object), vadv.FIELD_STEP: np.array([0, 1, 0, 1], dtype=object),
@@ -217,10 +217,10 @@ async def test_an_outdir_episode_gets_its_failure_as_hint_and_a_teacher_context(
     its own prompt with the hint on the last turn; the recovery then passes the task."""
     import json
 
-    from agents.testing import ScriptedPolicy
-    from envs.pool import SandboxPool
-    from envs.terminal import TerminalEnv
-    from train.rollout import collect
+    from nextstate.agents.testing import ScriptedPolicy
+    from nextstate.envs.pool import SandboxPool
+    from nextstate.envs.terminal import TerminalEnv
+    from nextstate.train.rollout import collect
 
     def call(command: str) -> str:
         return "<tool_call>" + json.dumps({"name": "bash", "arguments": {"command": command}}) + "</tool_call>"
@@ -246,7 +246,7 @@ async def test_an_outdir_episode_gets_its_failure_as_hint_and_a_teacher_context(
 
 
 def test_opd_settings_are_checked():
-    from train.config import ConfigError
+    from nextstate.train.config import ConfigError
 
     assert load_config("terminal").opd.mode == "rl"   # the default trains as before
     for bad in ("opd.mode=distil", "opd.hint_source=oracle", "opd.teacher=gpt"):

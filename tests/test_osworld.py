@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.gui import osworld
-from envs.gui.osworld import is_local_url, load_tasks, program_names, substitute, support_report, unsupported
+from nextstate.envs.gui import osworld
+from nextstate.envs.gui.osworld import is_local_url, load_tasks, program_names, substitute, support_report, unsupported
 
 REPO = Path(__file__).resolve().parents[1]
 OSWORLD = REPO.parent / "shared" / "data" / "osworld"
@@ -139,7 +139,7 @@ def test_windows_detection():
 
 
 def test_evaluate_reports_malformed_and_windows_tasks_as_skipped_by_id(tmp_path):
-    from train.evaluate import evaluate
+    from nextstate.train.evaluate import evaluate
     ids = ["no-evaluator", "win-cmd", "dict-func"]
     report = evaluate("gui", f"osworld:{FIXTURES}", "noop", output=tmp_path, ids=ids)
     assert report["total"] == 0 and report["skipped"] == 3

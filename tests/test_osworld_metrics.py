@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from envs.gui import metrics as ev
-from envs.gui.osworld import evaluate
+from nextstate.envs.gui import metrics as ev
+from nextstate.envs.gui.osworld import evaluate
 
 M = ev.METRICS
 

@@ -6,10 +6,10 @@ import base64
 
 import pytest
 
-from agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, prompt_head, system_prompt
-from agents.hf_policy import HFPolicy
-from agents.policy import Generation, Policy
-from envs.base import Observation
+from nextstate.agents.chat import ChatConfig, Turn, build_messages, clip, observation_content, prompt_head, system_prompt
+from nextstate.agents.hf_policy import HFPolicy
+from nextstate.agents.policy import Generation, Policy
+from nextstate.envs.base import Observation
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run",
                                            "parameters": {"type": "object", "properties": {}}}}]

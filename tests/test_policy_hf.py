@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.hf_policy import HFPolicy
-from agents import make_policy
-from agents.tiny import HERE, build_files, load_tiny, save_tiny
+from nextstate.agents.hf_policy import HFPolicy
+from nextstate.agents import make_policy
+from nextstate.agents.tiny import HERE, build_files, load_tiny, save_tiny
 
 MESSAGES = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Say hi."}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -198,8 +198,8 @@ def test_untied_preset_has_its_own_output_embedding_and_trains_saves_loads(tmp_p
 # -- batching ---------------------------------------------------------------------------
 def _recomputed(policy: HFPolicy, gen, temperature: float) -> torch.Tensor:
     """log pi_old of ``gen`` as the trainer recomputes it: that (prompt, response) alone."""
-    from train.batch import Sample, collate
-    from train.loss import token_log_probs
+    from nextstate.train.batch import Sample, collate
+    from nextstate.train.loss import token_log_probs
     mb = collate([Sample(gen.prompt_ids, gen.response_ids, gen.logprobs, 0.0, 0.0)], pad_id=0)
     with torch.no_grad():
         lp, _ = token_log_probs(policy.model, mb, temperature)
@@ -310,7 +310,7 @@ async def test_weight_swap_waits_for_the_running_batch():
 
 
 async def test_closed_policy_fails_clearly():
-    from agents.policy import PolicyError
+    from nextstate.agents.policy import PolicyError
     policy = HFPolicy("tiny")
     await policy.generate(_chat(1), max_tokens=4)
     await policy.aclose()
@@ -364,7 +364,7 @@ async def _hold_first_token(policy: HFPolicy, messages: list[dict], release: thr
     """Submit ``messages`` as a request whose worker waits at its first token until ``release``
     is set: its batch is then decoding, deterministically. Returns its future and an event set
     once it is held."""
-    from agents.hf_policy import _Request
+    from nextstate.agents.hf_policy import _Request
     held = threading.Event()
 
     def on_token(_: int) -> None:
@@ -517,7 +517,7 @@ async def test_a_sliding_window_model_generates_without_reuse():
 def test_prefix_cache_finds_the_longest_common_prefix_and_evicts_the_least_recent():
     """Any token ids (not only bytes); the match is cut to ``limit``; a sequence that extends a
     stored one replaces it; past ``max_bytes`` the least recently used sequence goes."""
-    from agents.batching import PrefixCache
+    from nextstate.agents.batching import PrefixCache
 
     def kv(n: int) -> list:   # one layer, 2 heads, head dim 3; value = position
         t = torch.arange(n, dtype=torch.float32)[None, :, None].expand(2, n, 3).clone()

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from agents.openai_policy import OpenAIPolicy, parse_choice
-from agents import make_policy
-from agents.policy import PolicyError
-from agents.testing import Reply, ScriptedOpenAIServer
-from envs.actions import parse_action
+from nextstate.agents.openai_policy import OpenAIPolicy, parse_choice
+from nextstate.agents import make_policy
+from nextstate.agents.policy import PolicyError
+from nextstate.agents.testing import Reply, ScriptedOpenAIServer
+from nextstate.envs.actions import parse_action
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {

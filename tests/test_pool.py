@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import containers
-from envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
-from containers.sandbox import SandboxError
+from nextstate import containers
+from nextstate.envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
+from nextstate.containers.sandbox import SandboxError
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def spawn_pool_owner(image: str, run_id: str) -> subprocess.Popen:
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from envs.pool import SandboxPool
+        from nextstate.envs.pool import SandboxPool
         pool = SandboxPool({image!r}, size=2, backend="docker", run_id={run_id!r})
         pool.wait_ready(120)
         print("ready", flush=True)
@@ -237,7 +237,7 @@ def test_a_forced_exit_waits_for_every_start_it_began(terminal_image, docker_cli
     start past the 5 s the exit path used to wait (a stand-in for a loaded engine)."""
     import threading
 
-    from containers import pool as pool_module
+    from nextstate.containers import pool as pool_module
 
     began = threading.Event()
     real = SandboxPool._new_sandbox

@@ -20,11 +20,11 @@ import openai
 import pytest
 import torch
 
-from agents.hf_policy import HFPolicy
-from judges.rules import RuleJudge, rule_vote, text_state
-from train.config import Config
-from train.proxy import ProxyTrainer, TrainingProxy, serving, split_tool_calls
-from train.sessions import Session, SessionTable, Turn
+from nextstate.agents.hf_policy import HFPolicy
+from nextstate.judges.rules import RuleJudge, rule_vote, text_state
+from nextstate.train.config import Config
+from nextstate.train.proxy import ProxyTrainer, TrainingProxy, serving, split_tool_calls
+from nextstate.train.sessions import Session, SessionTable, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
@@ -65,8 +65,8 @@ def test_split_tool_calls():
 
 
 def test_sessions_prefix_match_and_rewrites():
-    from agents.policy import Generation
-    from train.sessions import Turn
+    from nextstate.agents.policy import Generation
+    from nextstate.train.sessions import Turn
     table = SessionTable()
     task = [{"role": "user", "content": "task"}]
     a, _ = table.claim(task, None)
@@ -87,8 +87,8 @@ def test_sessions_prefix_match_and_rewrites():
 def test_an_ended_or_taken_turn_is_not_continued():
     """Unnamed sessions are found through an index of waiting turns: ending a session or taking
     its turn (an outcome reported) takes it out, and a request then starts a new session."""
-    from agents.policy import Generation
-    from train.sessions import Turn
+    from nextstate.agents.policy import Generation
+    from nextstate.train.sessions import Turn
     table = SessionTable()
     task = [{"role": "user", "content": "task"}]
     answer = {"role": "assistant", "content": "A"}
@@ -375,7 +375,7 @@ def test_training_swaps_weights_and_the_version_header_shows_it(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["batch/samples"] == 2 and "train/pg_loss" in rows[0]
     assert (tmp_path / "curves.png").exists() and (tmp_path / "checkpoints" / "step_000001" / "meta.json").exists()
-    from train.view import RunIndex
+    from nextstate.train.view import RunIndex
     index = RunIndex(tmp_path)
     index.refresh()
     named = [e for e in index.episodes if e.group_id == "t"]
@@ -404,7 +404,7 @@ def test_opd_and_combine_through_the_proxy(tmp_path, mode):
     context is its prompt with the hint. ``opd`` trains that turn alone (advantage 0 + the
     teacher's token advantages: one step with --batch 1); ``combine`` adds the vote's advantage
     (turn 0: -1 and the teacher, turn 1: +1, turn 2: the outcome +1)."""
-    from judges.rules import RuleHints
+    from nextstate.judges.rules import RuleHints
     cfg = Config()
     cfg.train.kl_coef, cfg.train.lr, cfg.opd.mode = 0.0, 1e-3, mode
     policy = HFPolicy("tiny", max_new_tokens=8)
@@ -548,7 +548,7 @@ def test_proxy_agent_plays_reports_outcomes_and_trains(tmp_path):
     (the untrained tiny model: no learning is expected, only the plumbing)."""
     from transformers import AutoModelForCausalLM
 
-    from agents.tiny import load_tiny
+    from nextstate.agents.tiny import load_tiny
     proc = subprocess.run([sys.executable, "-m", "bench.proxy_agent", "--output", str(tmp_path), "--model", "tiny",
                            "--episodes", "4", "--eval-every", "4", "--heldout", "2", "--parallel", "2", "--batch", "2",
                            "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1200,

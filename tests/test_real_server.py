@@ -36,7 +36,7 @@ def server(tmp_path_factory):
         if __import__("os").environ.get("CI"):
             raise
         pytest.skip(f"`transformers serve` needs transformers[serving] ({e})")
-    from agents.tiny import load_tiny
+    from nextstate.agents.tiny import load_tiny
 
     folder = tmp_path_factory.mktemp("tiny-served")
     model, tok = load_tiny(0)
@@ -84,10 +84,10 @@ def test_the_server_behaves_as_the_issue_found_it(server):
 async def test_policy_retries_without_token_id_fields_and_logs_once(server, caplog):
     import asyncio
 
-    from agents.openai_policy import OpenAIPolicy
+    from nextstate.agents.openai_policy import OpenAIPolicy
 
     policy = OpenAIPolicy(server["url"], model=server["model"], timeout=120)
-    with caplog.at_level(logging.WARNING, logger="agents.openai_policy"):
+    with caplog.at_level(logging.WARNING, logger="nextstate.agents.openai_policy"):
         gens = await asyncio.gather(*(policy.generate(MESSAGES, max_tokens=4) for _ in range(3)))
         gens.append(await policy.generate(MESSAGES, max_tokens=4))
     assert all(g.finish_reason in ("length", "stop") and not g.ids_from_server for g in gens)
@@ -98,22 +98,22 @@ async def test_policy_retries_without_token_id_fields_and_logs_once(server, capl
 
 
 async def test_judge_gets_all_its_votes(server, caplog):
-    from agents.openai_policy import OpenAIPolicy
-    from judges.prm import JudgeRequest, StepJudge
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.judges.prm import JudgeRequest, StepJudge
 
     judge = StepJudge(OpenAIPolicy(server["url"], model=server["model"], timeout=120), m=3,
                       max_tokens=4, timeout=300)
     req = JudgeRequest("terminal", "print hi", [], {"name": "bash", "arguments": {"command": "echo hi"}},
                        {"valid": True, "output": "hi", "exit_code": 0})
-    with caplog.at_level(logging.WARNING, logger="agents.openai_policy"):
+    with caplog.at_level(logging.WARNING, logger="nextstate.agents.openai_policy"):
         result = await judge.judge(req)
     assert result.error is None and len(result.raw) == 3 and len(result.votes) == 3
     assert sum("topping up" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_train_and_evaluate_need_the_model_name_here(server, tmp_path, capsys):
-    from train.__main__ import main as train_main
-    from train.evaluate import main as evaluate_main
+    from nextstate.train.__main__ import main as train_main
+    from nextstate.train.evaluate import main as evaluate_main
 
     assert train_main(["--env", "terminal", "--judge", server["url"], "--model", "tiny",
                        "--output", str(tmp_path / "run")]) == 2
@@ -122,5 +122,5 @@ def test_train_and_evaluate_need_the_model_name_here(server, tmp_path, capsys):
     assert evaluate_main(["--env", "terminal", "--policy", server["url"], "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "GET /models failed (HTTP 500" in err and err.endswith("set --model=<the served model's name>")
-    from train.__main__ import probe_server
+    from nextstate.train.__main__ import probe_server
     assert probe_server(server["url"], server["model"], "judge.model") == server["model"]

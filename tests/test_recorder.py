@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agents.recorder import Recorder
+from nextstate.agents.recorder import Recorder
 
 
 def test_ten_thousand_records_all_written(tmp_path):
@@ -80,7 +80,7 @@ def test_images_become_png_files_beside_the_log(tmp_path):
 
     from PIL import Image
 
-    from envs.base import Observation
+    from nextstate.envs.base import Observation
     buf = io.BytesIO()
     Image.new("RGB", (8, 4), "red").save(buf, "PNG")
     png = buf.getvalue()

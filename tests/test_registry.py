@@ -3,13 +3,13 @@
 import gymnasium
 import pytest
 
-from agents.chat import system_prompt
-from envs import registry
-from envs.actions import tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from envs.validate import check_oracles, validator
-from judges.prm import load_template
-from train.config import load_config
+from nextstate.agents.chat import system_prompt
+from nextstate.envs import registry
+from nextstate.envs.actions import tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.envs.validate import check_oracles, validator
+from nextstate.judges.prm import load_template
+from nextstate.train.config import load_config
 
 
 class GuessEnv(NextStateEnv):
@@ -49,9 +49,9 @@ def guess(monkeypatch):
 
 def test_the_built_in_families_are_registered_in_one_place():
     assert registry.names()[:5] == ["terminal", "toolcall", "swe", "gui", "relay"]   # (tests may add more)
-    from envs.terminal import TerminalEnv
+    from nextstate.envs.terminal import TerminalEnv
     assert registry.spec("terminal").env_class() is TerminalEnv
-    assert gymnasium.spec("nextstate/Terminal-v0").entry_point == "envs.terminal.env:TerminalEnv"
+    assert gymnasium.spec("nextstate/Terminal-v0").entry_point == "nextstate.envs.terminal.env:TerminalEnv"
     assert "Linux terminal" in system_prompt("terminal", [])
     with pytest.raises(ValueError, match="unknown env 'nope'; known: terminal, toolcall, swe, gui"):
         registry.spec("nope")
@@ -76,7 +76,7 @@ def test_the_trainer_imports_the_module_of_module_colon_family(guess, tmp_path, 
         f"from envs import registry\nfrom {__name__} import GuessEnv\n"
         "registry.register('guess', GuessEnv, intro='Imported.')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from train.__main__ import main
+    from nextstate.train.__main__ import main
     assert main(["--env", "my_guess_envs:guess", "--model", "tiny", "--dry-run"]) == 0
     assert "family: guess" in capsys.readouterr().out
     assert registry.spec("guess").intro == "Imported."
@@ -96,7 +96,7 @@ def test_a_bare_name_that_is_not_registered_imports_the_module_of_that_name(tmp_
         assert registry.spec("guess_by_name").env_class() is GuessEnv
     finally:
         gymnasium.envs.registry.pop("nextstate/GuessByName-v0", None)
-    from envs.__main__ import main
+    from nextstate.envs.__main__ import main
     assert main(["validate", "no_such_family"]) == 1
     assert "no validator for 'no_such_family'" in capsys.readouterr().err
 
@@ -104,7 +104,7 @@ def test_a_bare_name_that_is_not_registered_imports_the_module_of_that_name(tmp_
 def test_one_training_step_on_a_newly_registered_family(guess, tmp_path):
     """The local backend with the tiny model: rollouts, the policy-as-judge on the default
     template, one update and a checkpoint."""
-    from train.local import LocalTrainer
+    from nextstate.train.local import LocalTrainer
 
     cfg = load_config("guess", cpu_demo=True, overrides=[
         "run.steps=1", "run.save_every=1", "env.sandbox_backend=local", "rollout.tasks_per_step=1",

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-import containers
-from containers.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
+from nextstate import containers
+from nextstate.containers.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
 
 
 @pytest.fixture
@@ -213,7 +213,7 @@ def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docke
 
 
 def test_end_marker_found_after_any_flood():
-    from containers.sandbox import _Capped
+    from nextstate.containers.sandbox import _Capped
     c = _Capped(16, b"\n\x1eabc:", True)
     c.feed(b"x" * 100_000 + b"\n\x1eab")
     c.feed(b"c:7\x1e" + b"y" * 100_000)   # the marker split across chunks, then a flood

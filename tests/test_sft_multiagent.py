@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agents.chat import ChatConfig
-from agents.recorder import Recorder
-from agents.testing import ScriptedPolicy
-from envs.relay import RelayEnv
-from envs.relay.env import WORDS, hasty_actions, instance
-from train.rollout import agent_measures, run_episode
-from train.sft import oracle_episode
+from nextstate.agents.chat import ChatConfig
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.testing import ScriptedPolicy
+from nextstate.envs.relay import RelayEnv
+from nextstate.envs.relay.env import WORDS, hasty_actions, instance
+from nextstate.train.rollout import agent_measures, run_episode
+from nextstate.train.sft import oracle_episode
 
 CHAT = ChatConfig(context_tokens=2048, max_response_tokens=48, system_prompt=False)
 
@@ -92,8 +92,8 @@ def test_each_roles_examples_are_its_own_view_as_the_agent_loop_builds_it(tmp_pa
 
 @pytest.mark.docker
 def test_a_run_with_agents_warm_starts_one_model_per_role(tmp_path, terminal_image):
-    from train.config import load_config
-    from train.sft import warm_starts
+    from nextstate.train.config import load_config
+    from nextstate.train.sft import warm_starts
 
     cfg = load_config("relay", cpu_demo=True, overrides=[
         "agents.reader=tiny", "agents.writer=tiny", "sft.tasks=relay:0:4", "sft.steps=2", "rollout.parallel=2"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe.instances import (BUILTIN, OFFLINE_IMAGE, InstanceError, checkout_command, harness_image,
+from nextstate.envs.swe.instances import (BUILTIN, OFFLINE_IMAGE, InstanceError, checkout_command, harness_image,
                                 listed_tests, load_instances, make_test_spec, sandbox_user)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def django_log(unicode_status: str) -> str:
 
 
 def test_swebench_test_spec_of_a_django_row():
-    from envs.swe.grading import log_report
+    from nextstate.envs.swe.grading import log_report
     spec = make_test_spec(DJANGO_ROW)
     assert spec.image == DJANGO_ROW["image"] == harness_image(DJANGO_ROW)
     assert spec.log_parser == "parse_log_django"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import envs.swe.editor as editor
+import nextstate.envs.swe.editor as editor
 
 SOURCE = Path(editor.__file__).read_text()
 

@@ -9,11 +9,11 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import containers
-from envs.pool import SandboxPool
-from envs.swe import SWEEnv, check_swe
-from envs.swe.grading import grade
-from envs.swe.instances import OFFLINE_IMAGE, InstanceError, listed_tests, load_instances
+from nextstate import containers
+from nextstate.envs.pool import SandboxPool
+from nextstate.envs.swe import SWEEnv, check_swe
+from nextstate.envs.swe.grading import grade
+from nextstate.envs.swe.instances import OFFLINE_IMAGE, InstanceError, listed_tests, load_instances
 
 pytestmark = pytest.mark.docker
 INSTANCES = {i["instance_id"]: i for i in load_instances()}
@@ -142,7 +142,7 @@ def test_a_missing_swebench_image_is_a_clear_error(pool):
 
 
 def test_evaluate_exits_1_when_an_image_is_missing_and_says_why_once(tmp_path, capsys):
-    from train.evaluate import main
+    from nextstate.train.evaluate import main
     row = {**INSTANCES["nextstate__datekit-12"], "instance_id": "nextstate__missing-1",
            "image": "sweb.eval.x86_64.nextstate__missing-1:latest"}
     rows = tmp_path / "rows.jsonl"
@@ -175,8 +175,8 @@ def test_build_swe_from_a_plain_row_then_gold_resolves_and_noop_does_not(client,
     import importlib.util
     from pathlib import Path
 
-    from envs.swe.images import build_swe
-    from envs.swe.specs import specs
+    from nextstate.envs.swe.images import build_swe
+    from nextstate.envs.swe.specs import specs
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("make_repos", root / "containers/swe/make_repos.py")

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from containers.build import host_ca_bundle
-from envs.swe.images import (CONDA_STANDIN, repo_path, requirements, setup_env_script,
+from nextstate.containers.build import host_ca_bundle
+from nextstate.envs.swe.images import (CONDA_STANDIN, repo_path, requirements, setup_env_script,
                                    setup_repo_script, write_context)
-from envs.swe import instance_task
-from envs.swe import test_command as eval_test_command
-from envs.swe.grading import log_report
-from envs.swe.instances import load_instances, make_test_spec
-from envs.swe.specs import SpecError, check_row, complete_row, modified_files, spec_of, specs
-from train.evaluate import failure, model_name
+from nextstate.envs.swe import instance_task
+from nextstate.envs.swe import test_command as eval_test_command
+from nextstate.envs.swe.grading import log_report
+from nextstate.envs.swe.instances import load_instances, make_test_spec
+from nextstate.envs.swe.specs import SpecError, check_row, complete_row, modified_files, spec_of, specs
+from nextstate.train.evaluate import failure, model_name
 
 TEST_PATCH = """\
 diff --git a/tests/test_api.py b/tests/test_api.py
@@ -309,7 +309,7 @@ def test_export_writes_rows_swebenchs_own_harness_reads(tmp_path):
     from swebench.harness.utils import load_swebench_dataset
     from swebench.harness.utils import make_test_spec as swebench_test_spec
 
-    from containers.__main__ import main
+    from nextstate.containers.__main__ import main
 
     plain, out = tmp_path / "lite.jsonl", tmp_path / "lite.harness.jsonl"
     plain.write_text(json.dumps(plain_row("a" * 40, "b" * 40)) + "\n"
@@ -325,7 +325,7 @@ def test_export_writes_rows_swebenchs_own_harness_reads(tmp_path):
 def test_the_repository_source_is_no_part_of_an_images_identity(repo, tmp_path, monkeypatch):
     """The context of a build from a local source and of one from GitHub hash alike. GitHub can't be
     reached here: its raw file reads are served from the same local repository (a stand-in)."""
-    import envs.swe.images as images
+    import nextstate.envs.swe.images as images
 
     source, setup, base = repo
     row = complete_row(plain_row(base, setup))
@@ -341,7 +341,7 @@ def test_the_repository_source_is_no_part_of_an_images_identity(repo, tmp_path, 
 
 
 def test_a_grade_names_network_failures():
-    from envs.swe.grading import Grade, _with_network
+    from nextstate.envs.swe.grading import Grade, _with_network
 
     log = ("FAILED tests/test_requests.py::test_HTTP_200_OK_GET - requests.exceptions.ConnectionError: "
            "HTTPConnectionPool(host='httpbin.org', port=80): Max retries exceeded (Caused by NewConnectionError("

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from containers.build import base_images, build_image, resolve_from
-from envs.__main__ import main
-from envs.base import play
-from containers.sandbox import SandboxConfigError
-from envs.terminal import (BUILTIN_TASKS, TerminalEnv, harbor_outcome, load_terminal_tasks,
+from nextstate.containers.build import base_images, build_image, resolve_from
+from nextstate.envs.__main__ import main
+from nextstate.envs.base import play
+from nextstate.containers.sandbox import SandboxConfigError
+from nextstate.envs.terminal import (BUILTIN_TASKS, TerminalEnv, harbor_outcome, load_terminal_tasks,
                            parse_pytest_summary)
-from envs.validate import validate
+from nextstate.envs.validate import validate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "terminal_tasks"
 
@@ -197,8 +197,8 @@ def test_task_image_cache_follows_the_resolved_base(terminal_image: str, tmp_pat
 
 
 def test_training_config_sets_user_and_tmux() -> None:
-    from train.config import load_config
-    from train.rollout import env_kwargs
+    from nextstate.train.config import load_config
+    from nextstate.train.rollout import env_kwargs
     assert env_kwargs(load_config("terminal")) == {}
     cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
     assert env_kwargs(cfg) == {"user": "root", "tmux": True}
@@ -218,7 +218,7 @@ def _play(script: str, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
 def test_a_blocking_solution_step_signals_on_its_own_line(tmp_path: Path) -> None:
     """terminal-bench types ``; tmux wait-for -S`` on the command's line: bash runs it and the wait ends."""
-    from envs.terminal.env import solution_keys_script
+    from nextstate.envs.terminal.env import solution_keys_script
 
     out = tmp_path / "out"
     steps = [{"command": f"echo one > {out}", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
@@ -232,7 +232,7 @@ def test_a_blocking_solution_step_signals_on_its_own_line(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux on this machine")
 def test_a_solution_step_past_its_time_is_interrupted_and_stops_the_rest(tmp_path: Path) -> None:
-    from envs.terminal.env import solution_keys_script
+    from nextstate.envs.terminal.env import solution_keys_script
 
     late = tmp_path / "late"
     steps = [{"command": "sleep 301; echo finished", "block": True, "append_enter": True, "min_timeout_sec": 0.1,
@@ -283,7 +283,7 @@ def test_harbor_build_timeout_storage_and_workdir_are_honoured(tmp_path: Path) -
 
 
 def test_a_failed_build_says_why() -> None:
-    from containers.build import failure_reason
+    from nextstate.containers.build import failure_reason
 
     assert failure_reason(["Step 3/4 : RUN apt-get install -y tmux asciinema",
                            "E: Unable to locate package asciinema",
@@ -303,7 +303,7 @@ def test_a_failed_build_says_why() -> None:
 
 def test_builds_get_the_network_while_registries_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not the image registry: the package registries decide; a user can still ask for none."""
-    import containers.build as build
+    import nextstate.containers.build as build
 
     monkeypatch.setattr(build, "registries_answer", lambda: True)
     assert build.build_network() is None and build.build_network(allowed=False) == "none"
@@ -321,7 +321,7 @@ def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_im
                                                                       docker_client) -> None:
     """A Dockerfile's pip install works where PyPI answers, whatever the image registries do (the host's CA
     bundle trusted, not left in the image's environment); a missing package is named."""
-    from containers.build import registries_answer
+    from nextstate.containers.build import registries_answer
 
     if not registries_answer():
         pytest.skip("no package registry answers here")

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401 -- registers the ids
-from envs.base import Task
-from envs.pool import SandboxPool
-from envs.terminal import (DEFAULT_RUN_TESTS, TerminalEnv, load_terminal_tasks,
+from nextstate import envs  # noqa: F401 -- registers the ids
+from nextstate.envs.base import Task
+from nextstate.envs.pool import SandboxPool
+from nextstate.envs.terminal import (DEFAULT_RUN_TESTS, TerminalEnv, load_terminal_tasks,
                            parse_pytest_summary)
 
 TESTS = '''from pathlib import Path
@@ -108,7 +108,7 @@ def test_load_errors(tmp_path: Path) -> None:
 
 
 def test_builtin_tasks_are_the_default() -> None:
-    from envs.terminal import BUILTIN_TASKS
+    from nextstate.envs.terminal import BUILTIN_TASKS
     shipped = list(BUILTIN_TASKS.glob("*/task.yaml"))
     assert shipped, f"no built-in terminal tasks in {BUILTIN_TASKS}"
     assert len(TerminalEnv().tasks) == len(shipped)
@@ -257,8 +257,8 @@ def test_embedded_task_and_dockerfile_task(tmp_path: Path, pool: SandboxPool) ->
 def test_make_envs_starts_no_shared_pool_for_tasks_with_their_own_images(tmp_path: Path) -> None:
     """Warm sandboxes of the family image would sit idle next to tasks with Dockerfiles; each
     such task's sandbox starts with its episode and is not replaced ahead of the next one."""
-    from train.config import load_config
-    from train.rollout import make_envs
+    from nextstate.train.config import load_config
+    from nextstate.train.rollout import make_envs
     img_dir = make_task(tmp_path, "nstest-marker", dockerfile=(
         "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nRUN echo built > /app/marker\n"))
     cfg = load_config("terminal", overrides=[f"env.tasks={img_dir}", "rollout.parallel=2"])

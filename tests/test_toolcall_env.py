@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401 -- registers the ids
-from envs.base import Task
-from envs.pool import SandboxPool
-from envs.toolcall import BUILTIN_TASKS, ToolCallEnv, answers_match, load_math_tasks, math_task
+from nextstate import envs  # noqa: F401 -- registers the ids
+from nextstate.envs.base import Task
+from nextstate.envs.pool import SandboxPool
+from nextstate.envs.toolcall import BUILTIN_TASKS, ToolCallEnv, answers_match, load_math_tasks, math_task
 
 TASKS = [Task("half", "What is 1/2 as a decimal?", {"answer": "0.5"}),
          Task("thousand", "What is 10^3?", {"answer": "1000"})]

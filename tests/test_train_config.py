@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.testing import ScriptedOpenAIServer
-from train.__main__ import main
-from train.config import ConfigError, load_config
+from nextstate.agents.testing import ScriptedOpenAIServer
+from nextstate.train.__main__ import main
+from nextstate.train.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 
-from agents.hf_policy import HFPolicy
-from agents.trajectory import Step, Trajectory
-from train.batch import Batch, Sample, build_batch, collate, micro_batches
-from train.config import load_config
-from train.learner import Learner
-from train.loss import actor_config, actor_loss, token_log_probs
+from nextstate.agents.hf_policy import HFPolicy
+from nextstate.agents.trajectory import Step, Trajectory
+from nextstate.train.batch import Batch, Sample, build_batch, collate, micro_batches
+from nextstate.train.config import load_config
+from nextstate.train.learner import Learner
+from nextstate.train.loss import actor_config, actor_loss, token_log_probs
 
 MESSAGES = [{"role": "user", "content": "list the files"}]
 

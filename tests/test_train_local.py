@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from agents.tiny import load_tiny
-from train import checkpoint
-from train.local import overlapped_loop, tasks_for_step
-from train.metrics import PLOT, MetricsLog
+from nextstate.agents.tiny import load_tiny
+from nextstate.train import checkpoint
+from nextstate.train.local import overlapped_loop, tasks_for_step
+from nextstate.train.metrics import PLOT, MetricsLog
 
 
 def test_task_schedule_is_a_function_of_the_step():
@@ -103,10 +103,10 @@ def test_a_run_with_nothing_to_learn_from_says_so_once_with_what_to_try(tmp_path
     """A new family's first run: every action invalid, every episode fails alike, so every
     advantage is 0 (build_batch drops the buckets, or keeps them at 0). After STALL_STEPS such
     steps the log says so, once, in one line."""
-    from agents.trajectory import Step, Trajectory
-    from train.batch import build_batch
-    from train.config import AdvantageConfig
-    from train.metrics import STALL_STEPS
+    from nextstate.agents.trajectory import Step, Trajectory
+    from nextstate.train.batch import build_batch
+    from nextstate.train.config import AdvantageConfig
+    from nextstate.train.metrics import STALL_STEPS
 
     def failed(sample: int) -> Trajectory:
         steps = [Step(role="agent", index=i, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0], text="?",

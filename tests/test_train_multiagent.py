@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from agents.testing import ScriptedPolicy
-from envs.relay import RelayEnv
-from train import checkpoint
-from train.__main__ import build_config, parse_args
-from train.config import ConfigError, load_config, policy_roles
-from train.local import LocalTrainer
-from train.rollout import run_episode
+from nextstate.agents.testing import ScriptedPolicy
+from nextstate.envs.relay import RelayEnv
+from nextstate.train import checkpoint
+from nextstate.train.__main__ import build_config, parse_args
+from nextstate.train.config import ConfigError, load_config, policy_roles
+from nextstate.train.local import LocalTrainer
+from nextstate.train.rollout import run_episode
 
 pytestmark = pytest.mark.docker
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.__main__ import main
-from envs.terminal import BUILTIN_TASKS as TERMINAL_TASKS
-from envs.toolcall import BUILTIN_TASKS as MATH_TASKS
-from envs.validate import validate, validator
+from nextstate.envs.__main__ import main
+from nextstate.envs.terminal import BUILTIN_TASKS as TERMINAL_TASKS
+from nextstate.envs.toolcall import BUILTIN_TASKS as MATH_TASKS
+from nextstate.envs.validate import validate, validator
 
 TESTS = 'from pathlib import Path\n\ndef test_file():\n    assert Path("/app/out.txt").read_text() == "ok\\n"\n'
 

@@ -7,9 +7,9 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from verl.protocol import DataProto
 
-from train.advantage import EPS, StepRows, compute_advantages
-from train.config import load_config
-from train.verl_backend import advantage as vadv
+from nextstate.train.advantage import EPS, StepRows, compute_advantages
+from nextstate.train.config import load_config
+from nextstate.train.verl_backend import advantage as vadv
 
 NAN = float("nan")
 
@@ -62,7 +62,7 @@ def test_trainer_override_reads_and_writes_transfer_queue_fields(monkeypatch):
     from transfer_queue import KVBatchMeta
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from train.verl_backend import trainer as vtrainer
+    from nextstate.train.verl_backend import trainer as vtrainer
 
     rows = [("u1", 0, 1.0, NAN, 3), ("u1", 0, 0.0, NAN, 2), ("u1", 1, 1.0, 1.0, 4), ("u2", 0, 1.0, NAN, 1)]
     store = list_of_dict_to_tensordict([
@@ -111,7 +111,7 @@ def test_teacher_entries_put_the_teacher_context_before_the_same_response():
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
     from verl.workers.utils.padding import response_from_nested
 
-    from train.verl_backend.trainer import teacher_entries
+    from nextstate.train.verl_backend.trainer import teacher_entries
 
     source = list_of_dict_to_tensordict([{
         "prompts": torch.tensor([1, 2, 3]), "responses": torch.tensor([4, 5]), "response_mask": torch.ones(2),
@@ -165,7 +165,7 @@ class TinyRefWorkers:
     ``tiny`` model and writes ``log_probs`` in veRL's layout (position t: log p of token t + 1)."""
 
     def __init__(self, store, dp):
-        from agents.tiny import load_tiny
+        from nextstate.agents.tiny import load_tiny
         self.model, _ = load_tiny(0)
         self.store, self._dispatch_info, self.seen = store, {"ref": list(range(dp))}, []
 
@@ -189,7 +189,7 @@ def test_trainer_scores_hinted_samples_with_the_reference_worker_in_their_teache
     from transfer_queue import KVBatchMeta
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from train.verl_backend import trainer as vtrainer
+    from nextstate.train.verl_backend import trainer as vtrainer
 
     store = FakeStore()
     teacher_prompt = [1, 2, 9, 3]

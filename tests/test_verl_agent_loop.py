@@ -14,10 +14,10 @@ pytest.importorskip("verl.experimental.agent_loop.agent_loop", reason="veRL's ag
 
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from agents.tiny import load_tiny  # noqa: E402
-from train.config import load_config  # noqa: E402
-from train.verl_backend import advantage as vadv  # noqa: E402
-from train.verl_backend.launch import compose  # noqa: E402
+from nextstate.agents.tiny import load_tiny  # noqa: E402
+from nextstate.train.config import load_config  # noqa: E402
+from nextstate.train.verl_backend import advantage as vadv  # noqa: E402
+from nextstate.train.verl_backend.launch import compose  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ class TinyServer:
 @pytest.fixture(autouse=True)
 def _close_episode_resources():
     yield
-    from train.verl_backend.agent_loop import close_resources
+    from nextstate.train.verl_backend.agent_loop import close_resources
     close_resources()
 
 
@@ -76,7 +76,7 @@ def _make_loop(config, server, tokenizer):
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    import train.verl_backend.plugin  # noqa: F401
+    import nextstate.train.verl_backend.plugin  # noqa: F401
 
     return hydra.utils.instantiate(_agent_loop_registry["nextstate"], trainer_config=DictConfigWrap(config),
                                    server_manager=server, tokenizer=tokenizer, processor=None,
@@ -87,11 +87,11 @@ def _make_loop(config, server, tokenizer):
 async def test_agent_loop_plays_an_episode_and_returns_one_output_per_step(tmp_path):
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    from train.verl_backend.trainer import fields_to_dataproto
+    from nextstate.train.verl_backend.trainer import fields_to_dataproto
     cfg, config = _loop_config(tmp_path)
     server = TinyServer()
     loop = _make_loop(config, server, server.tokenizer)
-    from train.rollout import load_tasks
+    from nextstate.train.rollout import load_tasks
     task = load_tasks(cfg)[0]
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     outputs = await loop.run(params, raw_prompt=[{"role": "user", "content": task.instruction}],
@@ -118,7 +118,7 @@ async def test_agent_loop_plays_an_episode_and_returns_one_output_per_step(tmp_p
 async def test_agent_loop_runs_tools_in_sandboxes_and_scores_the_outcome(tmp_path):
     cfg, config = _loop_config(tmp_path, **{"judge.mode": "none", "env.max_steps": 3,
                                             "rollout.max_response_tokens": 128})
-    from train.rollout import load_tasks
+    from nextstate.train.rollout import load_tasks
     task = load_tasks(cfg)[0]
     answers = ['<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>',
                '<tool_call>{"name": "answer", "arguments": {"answer": "\\\\boxed{%s}"}}</tool_call>'
@@ -155,8 +155,8 @@ def test_plugin_entry_point_registers_agent_loop_and_trainer(tmp_path):
 
 
 async def test_one_step_judge_per_worker_process_not_per_episode(tmp_path, monkeypatch):
-    from train.rollout import load_tasks
-    from train.verl_backend import agent_loop
+    from nextstate.train.rollout import load_tasks
+    from nextstate.train.verl_backend import agent_loop
     made = []
     real = agent_loop.make_judge
     monkeypatch.setattr(agent_loop, "make_judge", lambda cfg, policy: made.append(1) or real(cfg, policy))
@@ -171,8 +171,8 @@ async def test_one_step_judge_per_worker_process_not_per_episode(tmp_path, monke
 
 
 def test_a_step_whose_prompt_is_over_the_budget_is_left_out_not_cut():
-    from agents.trajectory import Step, Trajectory
-    from train.verl_backend.agent_loop import step_outputs
+    from nextstate.agents.trajectory import Step, Trajectory
+    from nextstate.train.verl_backend.agent_loop import step_outputs
 
     def step(i, prompt_len):
         return Step(role="agent", index=i, prompt_ids=list(range(prompt_len)), response_ids=[1, 2],
@@ -191,8 +191,8 @@ def test_same_step_sends_the_same_prompt_and_sampling_on_both_backends(tmp_path)
     and once through the veRL agent loop (the request its server client gets)."""
     import asyncio
 
-    from agents.hf_policy import HFPolicy
-    from train.local import LocalTrainer, tasks_for_step
+    from nextstate.agents.hf_policy import HFPolicy
+    from nextstate.train.local import LocalTrainer, tasks_for_step
 
     over = {"judge.mode": "none", "env.max_steps": 1, "rollout.tasks_per_step": 1,
             "rollout.samples_per_task": 1, "rollout.temperature": 0.7, "rollout.top_p": 0.9}
@@ -229,7 +229,7 @@ def test_same_step_sends_the_same_prompt_and_sampling_on_both_backends(tmp_path)
 
 
 async def test_server_policy_cuts_its_text_after_a_stop_string():
-    from train.verl_backend.agent_loop import ServerPolicy
+    from nextstate.train.verl_backend.agent_loop import ServerPolicy
 
     server = TinyServer(script=lambda i: 'DONE!<tool_call>{"name": "x"}</tool_call> trailing junk')
     policy = ServerPolicy(server, server.tokenizer, {"temperature": 1.0, "logprobs": True})
@@ -243,7 +243,7 @@ EVAL_TASKS = str(REPO / "envs" / "toolcall" / "tasks" / "eval_aime_style.jsonl")
 
 
 def _heldout_on(cfg, server):
-    from train.verl_backend.heldout import HeldOut
+    from nextstate.train.verl_backend.heldout import HeldOut
 
     held = HeldOut(cfg)
     try:
@@ -260,7 +260,7 @@ def test_heldout_on_verl_sends_what_the_local_evaluation_sends(tmp_path):
     top-p, response length and stops; each request under its own id (spread over replicas)."""
     import asyncio
 
-    from train.local import LocalTrainer
+    from nextstate.train.local import LocalTrainer
 
     over = {"judge.mode": "none", "env.max_steps": 1, "eval.tasks": EVAL_TASKS, "eval.temperature": 0.3,
             "rollout.temperature": 0.9, "rollout.top_p": 0.8}
@@ -296,7 +296,7 @@ def test_heldout_on_verl_scores_and_logs_like_the_local_evaluation(tmp_path):
     in rollouts.jsonl marked held-out at their step, and ``eval/weights_step`` is the server's step."""
     import json
 
-    from train.rollout import load_tasks
+    from nextstate.train.rollout import load_tasks
 
     cfg, _ = _loop_config(tmp_path, **{"judge.mode": "none", "env.max_steps": 1, "eval.tasks": EVAL_TASKS,
                                        "rollout.max_response_tokens": 64})
@@ -332,11 +332,11 @@ async def test_under_opd_a_failed_step_returns_its_hint_and_teacher_context(tmp_
     messages with the hint on the last turn, through the same chat template); the next step has none."""
     import json
 
-    from agents.chat import prompt_head
-    from envs import env_class
-    from judges.hints import teacher_messages
-    from train.rollout import chat_config, load_tasks
-    from train.verl_backend.agent_loop import ServerPolicy
+    from nextstate.agents.chat import prompt_head
+    from nextstate.envs import env_class
+    from nextstate.judges.hints import teacher_messages
+    from nextstate.train.rollout import chat_config, load_tasks
+    from nextstate.train.verl_backend.agent_loop import ServerPolicy
 
     cfg, config = _loop_config(tmp_path, **{"judge.mode": "none", "opd.mode": "combine", "opd.hint_source": "rules",
                                             "rollout.max_response_tokens": 128})
@@ -347,7 +347,7 @@ async def test_under_opd_a_failed_step_returns_its_hint_and_teacher_context(tmp_
     loop = _make_loop(config, server, server.tokenizer)
     outputs = await loop.run({"temperature": 1.0, "logprobs": True}, raw_prompt=[],
                              extra_info={"task_id": task.id}, uid="u", session_id=0)
-    from train.verl_backend.agent_loop import close_resources
+    from nextstate.train.verl_backend.agent_loop import close_resources
     close_resources()                                   # flushes the rollout log
     assert len(outputs) == 2
     failed, worked = (o.extra_fields for o in outputs)

@@ -69,8 +69,8 @@ class NodeWorker:
     """One node's agent-loop worker: plays episodes with the ``nextstate`` loop in this process."""
 
     def __init__(self, config: Any):
-        from agents.tiny import load_tokenizer
-        import train.verl_backend.plugin  # noqa: F401 - registers the loop
+        from nextstate.agents.tiny import load_tokenizer
+        import nextstate.train.verl_backend.plugin  # noqa: F401 - registers the loop
 
         self.config, self.tokenizer = config, load_tokenizer()
         self.server = ScriptedServer(self.tokenizer)
@@ -101,7 +101,7 @@ class NodeWorker:
 
     def settle(self) -> None:
         """Wait until the process's sandbox pool is full again (no start under way)."""
-        from train.verl_backend import agent_loop
+        from nextstate.train.verl_backend import agent_loop
         for res in agent_loop._resources.values():
             res.pool.wait_ready(timeout=300)
 
@@ -114,7 +114,7 @@ def _free_port() -> int:
 
 def _stop_marked(variable: str, timeout: float = 60.0) -> list[int]:
     """SIGTERM, then SIGKILL, every process whose environment holds ``variable``; those left."""
-    from train.verl_backend.nodes import processes_with
+    from nextstate.train.verl_backend.nodes import processes_with
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in processes_with(variable):
             with contextlib.suppress(ProcessLookupError):
@@ -180,7 +180,7 @@ class Engine:
             time.sleep(0.5)
 
     def answers(self) -> bool:
-        from containers.pool import docker_available
+        from nextstate.containers.pool import docker_available
         return docker_available(self.host)
 
     def running(self) -> bool:
@@ -268,8 +268,8 @@ def ray_cluster(root: Path, engines: dict[str, Engine]) -> Iterator[dict[str, An
 
 def _plant_leftover(client: Any, image: str) -> str:
     """A container labelled as a sandbox of a dead process on this host: what a killed run leaves."""
-    import containers
-    from containers.engine import PID_LABEL
+    from nextstate import containers
+    from nextstate.containers.engine import PID_LABEL
     dead = subprocess.Popen(["true"])
     dead.wait()
     labels = {**containers.owner_labels(f"leftover-{uuid.uuid4().hex[:8]}"), PID_LABEL: str(dead.pid)}
@@ -277,7 +277,7 @@ def _plant_leftover(client: Any, image: str) -> str:
 
 
 def _run_containers(client: Any, run_id: str) -> list[dict]:
-    from containers.reap import project_containers
+    from nextstate.containers.reap import project_containers
     return project_containers(client, run_id)
 
 
@@ -308,12 +308,12 @@ def test_two_nodes_each_on_its_own_engine_reaped_merged_and_surviving_an_engine_
     import docker
     import ray
 
-    from train.config import load_config
-    from train.rollout import load_tasks
-    from train.verl_backend import RUN_ENV
-    from train.verl_backend.launch import compose
-    from train.verl_backend.nodes import clean_cluster, processes_with, run_processes
-    from train.view import RunIndex, main
+    from nextstate.train.config import load_config
+    from nextstate.train.rollout import load_tasks
+    from nextstate.train.verl_backend import RUN_ENV
+    from nextstate.train.verl_backend.launch import compose
+    from nextstate.train.verl_backend.nodes import clean_cluster, processes_with, run_processes
+    from nextstate.train.view import RunIndex, main
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     output = tmp_path / "run"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from train.config import ConfigError, config_from_dict, load_config
-from train.verl_backend.launch import compose
+from nextstate.train.config import ConfigError, config_from_dict, load_config
+from nextstate.train.verl_backend.launch import compose
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_dry_run_prints_a_config_verl_accepts(tmp_path):
 def test_verl_device_gpu_without_a_gpu_is_a_config_error(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    from train.__main__ import main
+    from nextstate.train.__main__ import main
     assert main(["--backend", "verl", "--env", "toolcall", "--output", str(tmp_path), "verl.device=gpu"]) == 2
 
 
@@ -64,8 +64,8 @@ def test_without_an_accelerator_the_cpu_platform_and_hf_rollout_are_composed(tmp
 def test_several_policies_compose_one_device_slot_each_and_refuse_the_gpu_rollouts(tmp_path, capsys):
     """Two policies on the CPU device: two of Ray's device slots, the first policy's model in
     veRL's actor section. On a GPU device (vLLM/SGLang) several policies stop with one line."""
-    from train.__main__ import main
-    from train.verl_backend.launch import policy_models
+    from nextstate.train.__main__ import main
+    from nextstate.train.verl_backend.launch import policy_models
 
     agents = [f"run.output={tmp_path}", "agents.reader=tiny", "agents.writer=/models/writer", "verl.device=cpu"]
     cfg = load_config("relay", overrides=agents)
@@ -95,8 +95,8 @@ def test_cpu_platform_is_registered_and_chosen_only_by_name(monkeypatch):
     from verl.plugin.platform.platform_manager import _detect_platform_name
     from verl.workers.engine.base import EngineRegistry
 
-    import train.verl_backend.plugin  # noqa: F401
-    from train.verl_backend.cpu import PlatformCPU
+    import nextstate.train.verl_backend.plugin  # noqa: F401
+    from nextstate.train.verl_backend.cpu import PlatformCPU
 
     assert PlatformRegistry.get("cpu") is PlatformCPU
     assert not PlatformCPU().is_platform_available(use_smi_check=True)   # never detected
@@ -110,8 +110,8 @@ def test_cpu_platform_is_registered_and_chosen_only_by_name(monkeypatch):
 
 
 def test_auto_device_joining_a_ray_cluster_is_gpu(tmp_path, monkeypatch):
-    from train.verl_backend.cpu import accelerator_present
-    from train.verl_backend.launch import on_cpu
+    from nextstate.train.verl_backend.cpu import accelerator_present
+    from nextstate.train.verl_backend.launch import on_cpu
 
     cfg = load_config("toolcall", overrides=[f"run.output={tmp_path}"])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -162,9 +162,9 @@ def test_compose_reports_bad_hydra_overrides_as_config_errors(tmp_path):
 def test_task_data_is_what_verls_dataset_reads(tmp_path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from agents.tiny import load_tokenizer
-    from train.rollout import load_tasks
-    from train.verl_backend.launch import data_path, write_task_data
+    from nextstate.agents.tiny import load_tokenizer
+    from nextstate.train.rollout import load_tasks
+    from nextstate.train.verl_backend.launch import data_path, write_task_data
 
     cfg = load_config("toolcall", overrides=[f"run.output={tmp_path}", "verl.n_gpus_per_node=1"])
     tasks = load_tasks(cfg)
@@ -189,7 +189,7 @@ def restored_environ():
 
 
 def _launch_fails_in_one_line(tmp_path, capsys) -> str:
-    from train.__main__ import main
+    from nextstate.train.__main__ import main
 
     assert main(["--backend", "verl", "--env", "toolcall", "--model", "tiny", "--output", str(tmp_path),
                  "verl.device=cpu"]) == 2
@@ -202,15 +202,15 @@ def test_launch_stops_when_the_plugin_did_not_register_its_agent_loop(tmp_path, 
                                                                       restored_environ):
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    import train.verl_backend.plugin  # noqa: F401
+    import nextstate.train.verl_backend.plugin  # noqa: F401
     monkeypatch.delitem(_agent_loop_registry, "nextstate")      # as when veRL swallowed a plugin error
     err = _launch_fails_in_one_line(tmp_path, capsys)
     assert err.startswith("error: the nextstate plugin did not register agent loop 'nextstate'"), err
 
 
 def test_launch_stops_when_the_plugin_fails_to_import(tmp_path, capsys, monkeypatch, restored_environ):
-    from train.verl_backend import launch
-    monkeypatch.setattr(launch, "PLUGIN_MODULE", "train.verl_backend.no_such_plugin")   # an import that fails
+    from nextstate.train.verl_backend import launch
+    monkeypatch.setattr(launch, "PLUGIN_MODULE", "nextstate.train.verl_backend.no_such_plugin")   # an import that fails
     err = _launch_fails_in_one_line(tmp_path, capsys)
     assert err.startswith("error: the nextstate plugin for veRL (train.verl_backend.no_such_plugin) failed to load: "
                           "ModuleNotFoundError"), err

@@ -25,11 +25,11 @@ import torch
 pytest.importorskip("transfer_queue", reason="veRL's TransferQueue trainer stack is not installed")
 pytest.importorskip("ray", reason="Ray is not installed")
 
-from agents.testing import ScriptedOpenAIServer  # noqa: E402
-from containers import connect, project_containers  # noqa: E402
-from train.advantage import StepRows, compute_advantages  # noqa: E402
-from train.verl_backend import advantage as vadv  # noqa: E402
-from train.verl_backend.nodes import run_processes  # noqa: E402
+from nextstate.agents.testing import ScriptedOpenAIServer  # noqa: E402
+from nextstate.containers import connect, project_containers  # noqa: E402
+from nextstate.train.advantage import StepRows, compute_advantages  # noqa: E402
+from nextstate.train.verl_backend import advantage as vadv  # noqa: E402
+from nextstate.train.verl_backend.nodes import run_processes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_one_verl_opd_step_scores_hinted_steps_in_their_teacher_context(tmp_path
     """``opd.mode=combine`` with rule hints on the ``outdir`` family: the untrained tiny model's
     failed steps get hints; veRL's reference worker scores their responses after the teacher
     context, and the actor reads ``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl``."""
-    from train.advantage import token_advantages
+    from nextstate.train.advantage import token_advantages
 
     out_dir = tmp_path / "run"
     with ScriptedOpenAIServer(judge_vote) as judge:

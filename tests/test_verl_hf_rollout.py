@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("verl.workers.rollout.replica", reason="veRL's rollout stack is not installed")
 
-from agents.tiny import save_tiny  # noqa: E402
-from train.verl_backend.hf_rollout import NAME, HFReplica, HFRolloutServer, HFServerAdapter  # noqa: E402
+from nextstate.agents.tiny import save_tiny  # noqa: E402
+from nextstate.train.verl_backend.hf_rollout import NAME, HFReplica, HFRolloutServer, HFServerAdapter  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from bench.viewer import CHROMIUM, LogEnv, launch_chromium, record_gui_episode, write_run
-from agents.recorder import Recorder
-from agents.testing import ScriptedPolicy
-from envs.base import Task
-from train.batch import build_batch
-from train.config import AdvantageConfig
-from train.rollout import collect
-from train.evaluate import evaluate
-from train.view import RunIndex, export, image_ref, main, make_server, to_json
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.testing import ScriptedPolicy
+from nextstate.envs.base import Task
+from nextstate.train.batch import build_batch
+from nextstate.train.config import AdvantageConfig
+from nextstate.train.rollout import collect
+from nextstate.train.evaluate import evaluate
+from nextstate.train.view import RunIndex, export, image_ref, main, make_server, to_json
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -240,9 +240,9 @@ def test_rollouts_of_several_workers_are_read_together_in_time_order(tmp_path):
 
 async def test_an_episode_aborted_before_its_first_step_is_listed(tmp_path):
     """No env could be made: the loop logs the aborted episode, and the viewer counts it."""
-    from train.rollout import collect
+    from nextstate.train.rollout import collect
     from bench.viewer import DicePolicy
-    from envs.base import Task
+    from nextstate.envs.base import Task
 
     def no_env():
         raise RuntimeError("no Docker engine answers")

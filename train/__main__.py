@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from train.interrupt import INTERRUPT
+from nextstate.train.interrupt import INTERRUPT
 if __name__ == "__main__":   # before the slow imports below
     INTERRUPT.install()
 
@@ -29,9 +29,9 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
-from agents.tiny import PRESETS  # noqa: E402
-from envs import registry  # noqa: E402
-from train.config import Config, ConfigError, load_config, policy_roles  # noqa: E402
+from nextstate.agents.tiny import PRESETS  # noqa: E402
+from nextstate.envs import registry  # noqa: E402
+from nextstate.train.config import Config, ConfigError, load_config, policy_roles  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
 JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
@@ -117,8 +117,8 @@ def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
 
     import httpx
 
-    from agents.openai_policy import OpenAIPolicy
-    from agents.policy import PolicyError
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.agents.policy import PolicyError
 
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"{what} {url!r} is not an http(s):// URL")
@@ -155,8 +155,8 @@ def probe_judge(url: str, model: str, timeout: float = JUDGE_PROBE_TIMEOUT) -> N
     stops the run now, with one line, instead of failing every judge call of the run."""
     import asyncio
 
-    from agents.openai_policy import OpenAIPolicy
-    from agents.policy import PolicyError
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.agents.policy import PolicyError
 
     policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=1, request_ids=False,
                           model_key="judge.model")
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         INTERRUPT.catching = True
         cfg, demo = build_config(args)
         if args.backend == "verl":
-            from train.verl_backend.launch import launch
+            from nextstate.train.verl_backend.launch import launch
             return launch(cfg, dry_run=args.dry_run, resume=args.resume)
         if args.dry_run:
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_local(cfg: Config, demo: bool, resume: bool) -> int:
-    from train.local import LocalTrainer
+    from nextstate.train.local import LocalTrainer
 
     output = Path(cfg.run.output)
     if demo:   # the tiny model runs far slower on a loaded 2-core machine with more than one torch thread

@@ -25,10 +25,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from agents.trajectory import Step, Trajectory
-from train.advantage import StepRows, compute_advantages, rl_weight, states_before, trained_rows
-from train.config import AdvantageConfig, OPDConfig
-from train.loss import MicroBatch
+from nextstate.agents.trajectory import Step, Trajectory
+from nextstate.train.advantage import StepRows, compute_advantages, rl_weight, states_before, trained_rows
+from nextstate.train.config import AdvantageConfig, OPDConfig
+from nextstate.train.loss import MicroBatch
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from envs import registry
+from nextstate.envs import registry
 
-CONFIG_DIR = Path(str(files("configs")))   # the packaged configs/, wherever it is installed
+CONFIG_DIR = Path(str(files("nextstate.configs")))   # the packaged configs/, wherever it is installed
 
 
 class ConfigError(ValueError):
@@ -355,7 +355,7 @@ def _agents_problem(cfg: Config) -> str | None:
 
 
 def _size_ok(size: str | None) -> bool:
-    from containers.sandbox import parse_size
+    from nextstate.containers.sandbox import parse_size
     try:
         return size is None or parse_size(size) > 0
     except ValueError:
@@ -398,6 +398,6 @@ def validate(cfg: Config) -> None:
     problem = _agents_problem(cfg)
     if problem:
         raise ConfigError(problem)
-    from train.advantage import GROUPINGS
+    from nextstate.train.advantage import GROUPINGS
     if cfg.advantage.key not in GROUPINGS:
         raise ConfigError(f"advantage.key must be one of {', '.join(sorted(GROUPINGS))}, got {cfg.advantage.key!r}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sys
 
-from train.interrupt import INTERRUPT
+from nextstate.train.interrupt import INTERRUPT
 if __name__ == "__main__":   # before the slow imports below
     INTERRUPT.install()
 
@@ -45,10 +45,10 @@ from typing import Any, Callable  # noqa: E402
 
 from tqdm import tqdm  # noqa: E402
 
-from agents.chat import ChatConfig  # noqa: E402
-from envs import env_class, registry  # noqa: E402
-from envs.base import NextStateEnv, Task, TaskUnsupported  # noqa: E402
-from envs.pool import EnvCache  # noqa: E402
+from nextstate.agents.chat import ChatConfig  # noqa: E402
+from nextstate.envs import env_class, registry  # noqa: E402
+from nextstate.envs.base import NextStateEnv, Task, TaskUnsupported  # noqa: E402
+from nextstate.envs.pool import EnvCache  # noqa: E402
 
 ORACLE_KINDS = ("gold", "noop")
 #: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
@@ -125,8 +125,8 @@ def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], polic
     """Plays ``policy`` (a :class:`~agents.policy.Policy`) on every task through :mod:`train.rollout`,
     with the prompt shape ``chat`` and the ``sampling`` parameters (temperature, top_p) a trainer
     uses; with ``rollouts``, logs every step there as training does (screenshots as PNG files beside it)."""
-    from agents.recorder import Recorder
-    from train.rollout import collect
+    from nextstate.agents.recorder import Recorder
+    from nextstate.train.rollout import collect
 
     recorder = Recorder(rollouts) if rollouts else None
     try:
@@ -215,7 +215,7 @@ def evaluate(family: str, tasks: Any = "builtin", policy: Any = "gold", *, paral
             rows = run_oracle(factory, loaded, policy, parallel)
         else:
             if isinstance(policy, str):
-                from agents import make_policy
+                from nextstate.agents import make_policy
                 policy = make_policy(policy, **({"model": model} if model else {}), **(policy_kwargs or {}))
             rows = run_policy(factory, loaded, policy, parallel, Path(output) / "rollouts.jsonl",
                               chat=chat, sampling=sampling)
@@ -304,10 +304,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
                          "give the URL as --policy")
     if args.policy.startswith(("http://", "https://")):
-        from train.__main__ import probe_server
+        from nextstate.train.__main__ import probe_server
         args.model = probe_server(args.policy, args.model, "--model", what="policy URL")
     elif args.policy not in ORACLE_KINDS:
-        from train.__main__ import check_model
+        from nextstate.train.__main__ import check_model
         check_model(args.policy)
 
 

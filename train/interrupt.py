@@ -87,7 +87,7 @@ class Interrupt:
 
     def exit_now(self, after: float = 0.0) -> None:
         time.sleep(after)
-        pool = sys.modules.get("containers.pool")
+        pool = sys.modules.get("nextstate.containers.pool")
         if pool is not None:
             pool.reap_live_pools()
         self.report()

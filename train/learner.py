@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from train.advantage import token_advantages
-from train.batch import Batch, Sample, collate, micro_batches
-from train.config import Config
-from train.loss import actor_config, actor_loss, token_log_probs
+from nextstate.train.advantage import token_advantages
+from nextstate.train.batch import Batch, Sample, collate, micro_batches
+from nextstate.train.config import Config
+from nextstate.train.loss import actor_config, actor_loss, token_log_probs
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,15 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from agents.recorder import Recorder
-from agents.trajectory import Trajectory
-from envs import env_class
-from train import checkpoint
-from train.batch import build_batch, rollout_metrics
-from train.config import Config, ConfigError, policy_roles
-from train.learner import Learner
-from train.metrics import MetricsLog
-from train.rollout import (agent_measures, chat_config, collect, heldout, load_tasks, make_envs, make_hinter,
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.trajectory import Trajectory
+from nextstate.envs import env_class
+from nextstate.train import checkpoint
+from nextstate.train.batch import build_batch, rollout_metrics
+from nextstate.train.config import Config, ConfigError, policy_roles
+from nextstate.train.learner import Learner
+from nextstate.train.metrics import MetricsLog
+from nextstate.train.rollout import (agent_measures, chat_config, collect, heldout, load_tasks, make_envs, make_hinter,
                            make_judge, role_router)
 
 
@@ -138,7 +138,7 @@ class LocalTrainer:
         self.start = 0
         starts: dict[str, str] = {}
         if cfg.sft.steps > 0:   # supervised warm starts first, one per policy (reused when already made)
-            from train.sft import warm_starts
+            from nextstate.train.sft import warm_starts
             starts = warm_starts(cfg, output / "warm_start", progress=progress)
         self.several = bool(cfg.agents)
         self.members = [self._member(name, roles, starts.get(name) or cfg.agents.get(name, cfg.model.name), ckpt)
@@ -169,7 +169,7 @@ class LocalTrainer:
 
     def _member(self, name: str, roles: tuple[str, ...], initial: str, ckpt: Path | None) -> Member:
         """A policy and its learner, from ``initial`` or from its part of checkpoint ``ckpt``."""
-        from agents.hf_policy import HFPolicy
+        from nextstate.agents.hf_policy import HFPolicy
 
         part = self._part(ckpt, name) if ckpt is not None else None
         source = str(part / "model") if part is not None else initial

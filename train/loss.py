@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
 from verl.workers.config import ActorConfig
 
-from train.config import TrainConfig
+from nextstate.train.config import TrainConfig
 
 
 def actor_config(train: TrainConfig, rollout_n: int) -> ActorConfig:

@@ -65,15 +65,15 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agents.policy import Generation, content_text
-from agents.recorder import Recorder
-from judges.hints import teacher_messages
-from judges.prm import TEMPLATES, JudgeRequest, JudgeResult, StepJudge
-from judges.rules import RuleHints, RuleJudge, text_state
-from train import checkpoint
-from train.batch import Batch, Sample, rl_weight
-from train.config import Config, ConfigError, _apply, parse_overrides
-from train.sessions import Session, SessionTable, Turn, message_keys
+from nextstate.agents.policy import Generation, content_text
+from nextstate.agents.recorder import Recorder
+from nextstate.judges.hints import teacher_messages
+from nextstate.judges.prm import TEMPLATES, JudgeRequest, JudgeResult, StepJudge
+from nextstate.judges.rules import RuleHints, RuleJudge, text_state
+from nextstate.train import checkpoint
+from nextstate.train.batch import Batch, Sample, rl_weight
+from nextstate.train.config import Config, ConfigError, _apply, parse_overrides
+from nextstate.train.sessions import Session, SessionTable, Turn, message_keys
 
 log = logging.getLogger(__name__)
 
@@ -249,8 +249,8 @@ class ProxyTrainer:
     step that shares the CPU with generation takes the cycles generation leaves (0: same priority)."""
 
     def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10):
-        from train.learner import Learner
-        from train.metrics import MetricsLog
+        from nextstate.train.learner import Learner
+        from nextstate.train.metrics import MetricsLog
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
         self.nice = nice
@@ -732,7 +732,7 @@ def _llm(spec: str, policy: Any, flag: str) -> Any:
     if spec == "policy":
         return policy
     if spec.startswith(("http://", "https://")):
-        from agents.openai_policy import OpenAIPolicy
+        from nextstate.agents.openai_policy import OpenAIPolicy
         return OpenAIPolicy(spec)
     raise ConfigError(f"{flag} must be rules, policy, none or an http(s) URL, got {spec!r}")
 
@@ -754,7 +754,7 @@ def make_hinter(spec: str, policy: Any, votes: int) -> Any:
         return None
     if spec == "rules":
         return RuleHints(m=votes)
-    from judges.hints import HintJudge
+    from nextstate.judges.hints import HintJudge
     return HintJudge(_llm(spec, policy, "--hint-source"), m=votes, templates={"proxy": TEMPLATES / "default.yaml"})
 
 
@@ -762,7 +762,7 @@ def build(args: argparse.Namespace) -> TrainingProxy:
     """The proxy a command line asks for."""
     import torch
 
-    from agents.hf_policy import HFPolicy
+    from nextstate.agents.hf_policy import HFPolicy
 
     if args.batch < 1:
         raise ConfigError("--batch must be at least 1")

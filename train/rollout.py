@@ -35,17 +35,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from agents.chat import ChatConfig, Turn, build_messages, prompt_head
-from agents.policy import Generation, Policy, PolicyError
-from agents.recorder import Recorder
-from agents.trajectory import Step, Trajectory
-from envs import env_class
-from envs.base import INFRA_ERRORS, Observation
-from envs.multiagent import MultiAgentEnv
-from envs.pool import EnvCache
-from judges.hints import teacher_messages
-from judges.prm import JudgeRequest, JudgeResult, StepJudge
-from train.config import Config, ConfigError, policy_roles
+from nextstate.agents.chat import ChatConfig, Turn, build_messages, prompt_head
+from nextstate.agents.policy import Generation, Policy, PolicyError
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.trajectory import Step, Trajectory
+from nextstate.envs import env_class
+from nextstate.envs.base import INFRA_ERRORS, Observation
+from nextstate.envs.multiagent import MultiAgentEnv
+from nextstate.envs.pool import EnvCache
+from nextstate.judges.hints import teacher_messages
+from nextstate.judges.prm import JudgeRequest, JudgeResult, StepJudge
+from nextstate.train.config import Config, ConfigError, policy_roles
 
 log = logging.getLogger(__name__)
 
@@ -506,11 +506,11 @@ def make_judge(cfg: Config, policy: Any) -> Any:
     if j.mode == "none":
         return None
     if j.mode == "rules":
-        from judges.rules import RuleJudge
+        from nextstate.judges.rules import RuleJudge
         return RuleJudge(m=j.votes)
     backend = policy
     if j.mode == "url":
-        from agents.openai_policy import OpenAIPolicy
+        from nextstate.agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
     return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
 
@@ -521,12 +521,12 @@ def make_hinter(cfg: Config, policy: Any) -> Any:
     if cfg.opd.mode == "rl":
         return None
     if cfg.opd.hint_source == "rules":
-        from judges.rules import RuleHints
+        from nextstate.judges.rules import RuleHints
         return RuleHints()
-    from judges.hints import HintJudge
+    from nextstate.judges.hints import HintJudge
     j = cfg.judge
     backend = policy
     if j.mode == "url":
-        from agents.openai_policy import OpenAIPolicy
+        from nextstate.agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
     return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)

@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.policy import Generation, content_text
+from nextstate.agents.policy import Generation, content_text
 
 
 def canonical(message: dict[str, Any]) -> tuple:

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from agents.chat import ChatConfig, action_text
-from envs import env_class, registry
+from nextstate.agents.chat import ChatConfig, action_text
+from nextstate.envs import env_class, registry
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +95,8 @@ def hasty_plan(task: Any, rng: random.Random) -> list[dict]:
     """The hasty behaviour policy's actions on ``task``: procedural and outdir tasks
     (:func:`envs.terminal.procedural.hasty_actions`, :func:`envs.terminal.outdir.hasty_actions`)
     and relay (:func:`envs.relay.env.hasty_actions`, in turn order)."""
-    from envs.relay import env as relay
-    from envs.terminal import outdir, procedural
+    from nextstate.envs.relay import env as relay
+    from nextstate.envs.terminal import outdir, procedural
 
     if task.category == relay.CATEGORY:
         return relay.hasty_actions(task, rng)
@@ -116,8 +116,8 @@ def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: s
     ``source="hasty"`` plays a behaviour policy instead that looks half of the time
     (:func:`hasty_plan`); its valid steps are kept whether the check passed or not, so a model
     trained on them learns the format and the mapping but not to always look first."""
-    from envs.multiagent import MultiAgentEnv
-    from train.rollout import Histories, role_prompt
+    from nextstate.envs.multiagent import MultiAgentEnv
+    from nextstate.train.rollout import Histories, role_prompt
 
     plan = hasty_plan(task, rng or random.Random(0)) if source == "hasty" else env.oracle_actions(task, "gold")
     first_obs, _ = env.reset(options={"task": task})
@@ -166,8 +166,8 @@ def fine_tune(policy: Any, examples: list[Example], *, steps: int, lr: float,
     import torch
     from tqdm.auto import tqdm
 
-    from train.batch import Sample, collate
-    from train.loss import token_log_probs
+    from nextstate.train.batch import Sample, collate
+    from nextstate.train.loss import token_log_probs
 
     if not examples:
         raise ValueError("no successful trajectories to fine-tune on")
@@ -222,8 +222,8 @@ def run(*, env: str, model: str, output: Path, tasks: str | None = None, rollout
         source: str = "oracle", roles: tuple[str, ...] | None = None, progress: bool = True) -> dict[str, Any]:
     """Collect the examples of ``roles`` (default: every agent of the family), fine-tune ``model``
     on them, save it to ``output``; returns the run's summary."""
-    from agents.hf_policy import HFPolicy
-    from envs.multiagent import MultiAgentEnv
+    from nextstate.agents.hf_policy import HFPolicy
+    from nextstate.envs.multiagent import MultiAgentEnv
 
     chat = chat or ChatConfig()
     cls = env_class(env)
@@ -267,7 +267,7 @@ def warm_start(cfg: Any, output: Path, progress: bool = True, *, model: str | No
     """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
     made with the same settings): ``model`` (default ``model.name``) fine-tuned on the steps
     of ``roles`` (default: every agent of the family)."""
-    from train.rollout import chat_config
+    from nextstate.train.rollout import chat_config
 
     model = model or cfg.model.name
     recipe = {"model": model, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,
@@ -290,7 +290,7 @@ def warm_starts(cfg: Any, output: Path, progress: bool = True) -> dict[str, str]
     """The model each policy of a run starts from (:func:`~train.config.policy_roles`): without
     ``agents``, one warm start at ``output``; with them, one per policy at ``output/<name>``,
     fine-tuned from that policy's model on the steps of its own roles."""
-    from train.config import policy_roles
+    from nextstate.train.config import policy_roles
 
     if not cfg.agents:
         start = str(warm_start(cfg, output, progress))

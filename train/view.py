@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlparse
 
-from train.metrics import CURVES
+from nextstate.train.metrics import CURVES
 
 PAGE = Path(__file__).with_name("view.html")
 ROLLOUTS, ADVANTAGES, METRICS = "rollouts.jsonl", "advantages.jsonl", "metrics.jsonl"

@@ -62,9 +62,9 @@ def _corpus() -> list[str]:
     """The text the tokenizer's merges are learned from: what this project puts in front of a
     model (system prompts and tool lines of every family, judge templates, task instructions,
     shell commands and their results). Deterministic: built from the repository's own files."""
-    from agents.chat import TOOL_FORMAT, action_text, system_prompt
-    from envs import env_class
-    from envs.terminal import procedural
+    from nextstate.agents.chat import TOOL_FORMAT, action_text, system_prompt
+    from nextstate.envs import env_class
+    from nextstate.envs.terminal import procedural
 
     texts = [TOOL_FORMAT, "Available tools (name and argument names), one per line:"]
     for family in BUILT_IN_FAMILIES:   # not registry.names(): users and tests register more

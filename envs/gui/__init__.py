@@ -7,12 +7,12 @@ accessibility tree.
 The env module's names are importable from here, loaded on first use.
 """
 
-from envs import registry
+from nextstate.envs import registry
 
 registry.register(
-    "gui", "envs.gui.env:GUIEnv", id="nextstate/GUI-v0", config="gui.yaml", judge_template="gui.yaml",
+    "gui", "nextstate.envs.gui.env:GUIEnv", id="nextstate/GUI-v0", config="gui.yaml", judge_template="gui.yaml",
     intro="You are an agent operating a graphical interface. Each observation shows the screen; "
           "act on it with one tool call per answer.")
 
 
-__getattr__ = registry.lazy_names("envs.gui.env")
+__getattr__ = registry.lazy_names("nextstate.envs.gui.env")

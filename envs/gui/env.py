@@ -56,11 +56,11 @@ import gymnasium
 import numpy as np
 from PIL import Image
 
-from containers.sandbox import Sandbox
-from envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_schema
-from envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, TaskUnsupported, ToolResult
-from envs.gui import osworld
-from envs.gui.desktop import DesktopClient, DesktopError
+from nextstate.containers.sandbox import Sandbox
+from nextstate.envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_schema
+from nextstate.envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, TaskUnsupported, ToolResult
+from nextstate.envs.gui import osworld
+from nextstate.envs.gui.desktop import DesktopClient, DesktopError
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 WEB_ROOT = "/home/agent/web"

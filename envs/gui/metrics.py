@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlparse, urlunparse
 
-from envs.gui.desktop import HOME, DesktopClient
+from nextstate.envs.gui.desktop import HOME, DesktopClient
 
 PROFILE = f"{HOME}/.config/google-chrome"
 # Getters whose value lives on the internet: tasks using them are skipped.

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
-from envs.base import Task, TaskUnsupported
-from envs.gui.desktop import DesktopClient, DesktopError, wait_for_browser
-from envs.gui.metrics import GETTERS, METRICS, NETWORK_GETTERS, Ctx
+from nextstate.envs.base import Task, TaskUnsupported
+from nextstate.envs.gui.desktop import DesktopClient, DesktopError, wait_for_browser
+from nextstate.envs.gui.metrics import GETTERS, METRICS, NETWORK_GETTERS, Ctx
 
 # Applications of OSWorld's Ubuntu image that the desktop container does not have.
 MISSING_APPS = {"gimp", "libreoffice_calc", "libreoffice_impress", "libreoffice_writer", "vlc",

@@ -22,10 +22,10 @@ import re
 import shlex
 from typing import Any, ClassVar, Iterable
 
-from envs.actions import ToolCall, tool_schema
-from envs.base import Outcome, Task, ToolResult
-from envs.multiagent import MultiAgentEnv
-from envs.terminal.procedural import WORDS
+from nextstate.envs.actions import ToolCall, tool_schema
+from nextstate.envs.base import Outcome, Task, ToolResult
+from nextstate.envs.multiagent import MultiAgentEnv
+from nextstate.envs.terminal.procedural import WORDS
 
 PREFIX = "relay:"
 CATEGORY = "relay"

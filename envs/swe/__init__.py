@@ -7,14 +7,14 @@ instance images (``python -m containers build-swe``). ``tasks/`` holds the offli
 The env module's names are importable from here, loaded on first use.
 """
 
-from envs import registry
+from nextstate.envs import registry
 
 registry.register(
-    "swe", "envs.swe.env:SWEEnv", id="nextstate/SWE-v0", config="swe.yaml", judge_template="swe.yaml",
-    validator="envs.swe.env:check_swe",
+    "swe", "nextstate.envs.swe.env:SWEEnv", id="nextstate/SWE-v0", config="swe.yaml", judge_template="swe.yaml",
+    validator="nextstate.envs.swe.env:check_swe",
     intro="You are a software engineer fixing an issue in a code repository. Explore the code, "
           "reproduce the problem, edit the files and check your fix by running tests, one tool "
           "call per answer.")
 
 
-__getattr__ = registry.lazy_names("envs.swe.env")
+__getattr__ = registry.lazy_names("nextstate.envs.swe.env")

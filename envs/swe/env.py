@@ -18,14 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from envs.actions import ToolCall, tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from containers.sandbox import SandboxError
-from envs.swe.grading import Grade, grade, summary
-from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME
-from envs.swe.instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
+from nextstate.envs.actions import ToolCall, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.containers.sandbox import SandboxError
+from nextstate.envs.swe.grading import Grade, grade, summary
+from nextstate.envs.swe.specs import ACTIVATE, CONDA, ENV_NAME
+from nextstate.envs.swe.instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,
                                 harness_image, is_offline, load_instances, sandbox_user)
-from envs.validate import check_oracles
+from nextstate.envs.validate import check_oracles
 
 EDITOR_SOURCE = Path(__file__).with_name("editor.py").read_text()
 EDITOR_COMMANDS = ["view", "create", "str_replace", "insert", "undo_edit"]
@@ -196,7 +196,7 @@ class SWEEnv(NextStateEnv):
     def grade_patch(self, instance: dict[str, Any], patch: str) -> Grade:
         """Grades ``patch`` (``""``: the base commit as it is) for ``instance`` in a fresh container."""
         if self._client is None:
-            import containers
+            from nextstate import containers
             self._client = containers.connect()
         run_id = self.pool.run_id if self.pool is not None else self._run_id
         network = instance.get("grade_network", self.grade_network)

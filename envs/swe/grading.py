@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from containers.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
-from envs.swe.instances import TESTBED, checkout_command, make_test_spec, sandbox_user
+from nextstate.containers.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
+from nextstate.envs.swe.instances import TESTBED, checkout_command, make_test_spec, sandbox_user
 
 #: What a test log says when the tests reached for a network they did not have (psf/requests' tests call
 #: httpbin.org and an unroutable address for their timeouts).
@@ -54,7 +54,7 @@ def grade(instance: dict[str, Any], patch: str, *, client: Any, run_id: str,
     (with network by default, as swebench's harness grades)."""
     import docker
 
-    import containers
+    from nextstate import containers
 
     spec = make_test_spec(instance)
     sandbox_spec = SandboxSpec(image=spec.image, user=sandbox_user(instance), workdir="/", network=network,

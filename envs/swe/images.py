@@ -53,12 +53,12 @@ from typing import Any
 
 import docker
 
-from envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
+from nextstate.envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecError, complete_row, spec_of
 
-from containers import connect
-from containers.build import (HASH_LABEL, Progress, docker_build, finish, host_ca_bundle, image_info, image_label,
+from nextstate.containers import connect
+from nextstate.containers.build import (HASH_LABEL, Progress, docker_build, finish, host_ca_bundle, image_info, image_label,
                               is_offline, rootfs_image)
-from envs.swe.instances import load_instances
+from nextstate.envs.swe.instances import load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}

@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from envs.base import read_rows
-from envs.swe.specs import check_row, complete_row
+from nextstate.envs.base import read_rows
+from nextstate.envs.swe.specs import check_row, complete_row
 
 BUILTIN = Path(__file__).parent / "tasks" / "instances.jsonl"
 OFFLINE_IMAGE = "nextstate/swe:latest"
@@ -150,7 +150,7 @@ def ensure_image(image: str, instance_id: str = "INSTANCE_ID") -> None:
             return
         import docker
 
-        import containers
+        from nextstate import containers
 
         client = containers.connect()
         try:

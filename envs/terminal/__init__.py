@@ -6,13 +6,13 @@ holds the built-in tasks. The env module's names are importable from here
 (``from envs.terminal import TerminalEnv``), loaded on first use.
 """
 
-from envs import registry
+from nextstate.envs import registry
 
 registry.register(
-    "terminal", "envs.terminal.env:TerminalEnv", id="nextstate/Terminal-v0", config="terminal.yaml",
+    "terminal", "nextstate.envs.terminal.env:TerminalEnv", id="nextstate/Terminal-v0", config="terminal.yaml",
     judge_template="terminal.yaml",
     intro="You are an agent working in a Linux terminal. Reach the goal of the task by running "
           "shell commands, one tool call per answer, and look at each result before the next step.")
 
 
-__getattr__ = registry.lazy_names("envs.terminal.env")
+__getattr__ = registry.lazy_names("nextstate.envs.terminal.env")

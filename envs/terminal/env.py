@@ -15,11 +15,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from containers.sandbox import CommandResult, Sandbox, SandboxError
-from envs.actions import ActionError, ToolCall, tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult
-from envs.terminal import outdir, procedural
-from envs.terminal.formats import BUILTIN_TASKS, DEFAULT_RUN_TESTS, TEST_DIR, load_terminal_tasks, task_image
+from nextstate.containers.sandbox import CommandResult, Sandbox, SandboxError
+from nextstate.envs.actions import ActionError, ToolCall, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
+from nextstate.envs.terminal import outdir, procedural
+from nextstate.envs.terminal.formats import BUILTIN_TASKS, DEFAULT_RUN_TESTS, TEST_DIR, load_terminal_tasks, task_image
 
 FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
@@ -55,8 +55,8 @@ def parse_pytest_summary(text: str) -> dict[str, str]:
 def _registry_unreachable() -> bool:
     """Whether downloads fail here (``NEXTSTATE_OFFLINE``, else a registry probe; once per process)."""
     try:
-        import containers
-        from containers.build import is_offline
+        from nextstate import containers
+        from nextstate.containers.build import is_offline
         return is_offline(containers.connect())
     except Exception:  # noqa: BLE001 -- no engine to ask: assume the worst
         return True

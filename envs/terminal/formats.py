@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from envs.base import Task, read_rows
+from nextstate.envs.base import Task, read_rows
 
 BUILTIN_TASKS = Path(__file__).parent / "tasks"
 TEST_DIR = "/tests"
@@ -247,8 +247,8 @@ def task_image(task: Task) -> tuple[str, str] | None:
     build, ref = task.data.get("build"), task.data.get("image_ref")
     if not build and not ref:
         return None
-    import containers
-    from containers.build import known_name, local_base
+    from nextstate import containers
+    from nextstate.containers.build import known_name, local_base
     key = json.dumps([build, ref])
     with _build_lock:
         if key not in _built:

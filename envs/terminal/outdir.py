@@ -33,8 +33,8 @@ from __future__ import annotations
 import random
 import shlex
 
-from envs.base import Task
-from envs.terminal.procedural import NOTE, WORDS, parse_range
+from nextstate.envs.base import Task
+from nextstate.envs.terminal.procedural import NOTE, WORDS, parse_range
 
 PREFIX = "outdir:"
 OUT_DIR = "/app/out"

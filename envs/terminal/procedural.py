@@ -30,7 +30,7 @@ from __future__ import annotations
 import random
 import shlex
 
-from envs.base import Task
+from nextstate.envs.base import Task
 
 PREFIX = "procedural:"
 NOTE = "/app/note"

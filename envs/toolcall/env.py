@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from envs.actions import NoToolCall, ToolCall, parse_action, tool_schema
-from envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
+from nextstate.envs.actions import NoToolCall, ToolCall, parse_action, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult, read_rows
 
 log = logging.getLogger(__name__)
 BUILTIN_TASKS = Path(__file__).parent / "tasks"

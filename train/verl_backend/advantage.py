@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from verl.protocol import DataProto
 
-from train.advantage import StepRows, compute_advantages, token_advantages, trained_rows
+from nextstate.train.advantage import StepRows, compute_advantages, token_advantages, trained_rows
 
 FIELD_STEP = "nextstate_step"
 FIELD_OUTCOME = "nextstate_outcome"

@@ -44,18 +44,18 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from agents.policy import Generation, Policy, cut_at_stop, split_stops
-from agents.recorder import Recorder
-from agents.trajectory import Trajectory
-from envs.pool import EnvCache
-from train.advantage import states_before
-from train.batch import trainable
-from train.config import Config, config_from_dict, policy_roles
-from train.rollout import chat_config, make_envs, make_hinter, make_judge, role_router, run_episode
-from train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE,
+from nextstate.agents.policy import Generation, Policy, cut_at_stop, split_stops
+from nextstate.agents.recorder import Recorder
+from nextstate.agents.trajectory import Trajectory
+from nextstate.envs.pool import EnvCache
+from nextstate.train.advantage import states_before
+from nextstate.train.batch import trainable
+from nextstate.train.config import Config, config_from_dict, policy_roles
+from nextstate.train.rollout import chat_config, make_envs, make_hinter, make_judge, role_router, run_episode
+from nextstate.train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE,
                                           FIELD_SCORE, FIELD_STATE, FIELD_STEP, FIELD_TEACHER_PROMPT, FIELD_VALID,
                                           FIELD_VOTE_MEAN)
-from train.verl_backend import RUN_ENV
+from nextstate.train.verl_backend import RUN_ENV
 
 log = logging.getLogger(__name__)
 AGENT_NAME = "nextstate"

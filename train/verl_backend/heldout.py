@@ -17,11 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agents.policy import Generation
-from agents.recorder import Recorder
-from train.config import Config
-from train.rollout import chat_config, heldout, load_tasks, make_envs, role_router
-from train.verl_backend.agent_loop import ServerPolicy, role_policies
+from nextstate.agents.policy import Generation
+from nextstate.agents.recorder import Recorder
+from nextstate.train.config import Config
+from nextstate.train.rollout import chat_config, heldout, load_tasks, make_envs, role_router
+from nextstate.train.verl_backend.agent_loop import ServerPolicy, role_policies
 
 
 class SpreadServerPolicy(ServerPolicy):

@@ -42,7 +42,7 @@ import torch
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry, TokenOutput
 
-from train.verl_backend import POLICY_ENV
+from nextstate.train.verl_backend import POLICY_ENV
 
 log = logging.getLogger(__name__)
 

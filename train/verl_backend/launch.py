@@ -35,13 +35,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from agents.tiny import PRESETS
-from train.config import Config, ConfigError, policy_roles
-from train.rollout import load_tasks
-from train.verl_backend import RUN_ENV
-from train.verl_backend.nodes import clean_cluster, clean_node
+from nextstate.agents.tiny import PRESETS
+from nextstate.train.config import Config, ConfigError, policy_roles
+from nextstate.train.rollout import load_tasks
+from nextstate.train.verl_backend import RUN_ENV
+from nextstate.train.verl_backend.nodes import clean_cluster, clean_node
 
-PLUGIN_MODULE = "train.verl_backend.plugin"
+PLUGIN_MODULE = "nextstate.train.verl_backend.plugin"
 CPU_RAY_LOGICAL_CPUS = 16                     # Ray's logical CPU count: placement only, not cores
 CPU_RAY_OBJECT_STORE = 512 * 1024 * 1024
 STOP_GRACE = 30.0                             # seconds the run's processes get to exit after ray.shutdown()
@@ -53,7 +53,7 @@ def on_cpu(cfg: Config) -> bool:
     which ``auto`` takes for a GPU one: its head node need not have a GPU itself)."""
     if cfg.verl.device != "auto":
         return cfg.verl.device == "cpu"
-    from train.verl_backend.cpu import accelerator_present
+    from nextstate.train.verl_backend.cpu import accelerator_present
     return not accelerator_present() and not os.environ.get("RAY_ADDRESS")
 
 
@@ -109,10 +109,11 @@ def cpu_overrides(cfg: Config) -> list[str]:
 
 
 def import_root() -> str:
-    """The ``sys.path`` entry this package was imported from (site-packages, or a checkout
-    run without installing): Ray's workers get it on ``PYTHONPATH`` to import the plugin."""
-    import train
-    return str(Path(train.__file__).resolve().parent.parent)
+    """The ``sys.path`` entries ``nextstate`` was imported from (site-packages, or a folder on
+    ``PYTHONPATH``): Ray's workers get them on ``PYTHONPATH`` to import the plugin. An editable
+    install adds none: its finder is loaded by a ``.pth`` file in every process of the interpreter."""
+    import nextstate
+    return os.pathsep.join(str(Path(p).parent) for p in nextstate.__path__ if Path(p).is_dir())
 
 
 def data_path(cfg: Config) -> Path:
@@ -276,10 +277,10 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
     check_plugin(cpu)
     output = Path(cfg.run.output).resolve()
     if cfg.sft.steps > 0:
-        from train.sft import warm_starts
+        from nextstate.train.sft import warm_starts
         warm_starts(cfg, output / "warm_start")
     else:
-        from agents.tiny import save_tiny
+        from nextstate.agents.tiny import save_tiny
         for preset in PRESETS.keys() & {cfg.model.name, *cfg.agents.values()}:
             if not (preset_dir(cfg, preset) / "config.json").is_file():
                 save_tiny(preset_dir(cfg, preset), seed=cfg.run.seed, tied=PRESETS[preset])

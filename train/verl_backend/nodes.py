@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from train.verl_backend import RUN_ENV
+from nextstate.train.verl_backend import RUN_ENV
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -61,7 +61,7 @@ def clean_node(run_id: str | None, grace: float | None = 30.0) -> dict[str, Any]
     them alone), then remove every sandbox of the run. Never raises: an engine that does not
     answer is reported under ``error``.
     """
-    import containers
+    from nextstate import containers
 
     stopped = stop_leftovers(run_id, grace) if run_id and grace is not None else []
     done: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "stopped": stopped,

@@ -17,8 +17,8 @@ driver and in each Ray worker); ``launch`` also names this module in
 
 import importlib.util
 
-from train.verl_backend import cpu  # noqa: F401  (first: the platform, before anything asks veRL for one)
-from train.verl_backend import agent_loop, hf_rollout  # noqa: F401  (the agent loop and the hf rollout)
+from nextstate.train.verl_backend import cpu  # noqa: F401  (first: the platform, before anything asks veRL for one)
+from nextstate.train.verl_backend import agent_loop, hf_rollout  # noqa: F401  (the agent loop and the hf rollout)
 
 if importlib.util.find_spec("transfer_queue") is not None:
-    from train.verl_backend import trainer  # noqa: F401  (registers the trainer mode)
+    from nextstate.train.verl_backend import trainer  # noqa: F401  (registers the trainer mode)

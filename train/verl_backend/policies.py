@@ -33,7 +33,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 from verl.workers.rollout.replica import get_rollout_replica_class
 
-from train.verl_backend import POLICY_ENV
+from nextstate.train.verl_backend import POLICY_ENV
 
 
 def pool_name(policy: str) -> str:

@@ -61,16 +61,16 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from train.advantage import rl_weight, step_rewards
-from train.checkpoint import resume_line
-from train.config import config_from_dict, policy_roles
-from train.verl_backend import RUN_ENV
-from train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE, FIELD_STEP,
+from nextstate.train.advantage import rl_weight, step_rewards
+from nextstate.train.checkpoint import resume_line
+from nextstate.train.config import config_from_dict, policy_roles
+from nextstate.train.verl_backend import RUN_ENV
+from nextstate.train.verl_backend.advantage import (FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE, FIELD_STEP,
                                           FIELD_TEACHER_PROMPT, FIELD_VOTE_MEAN, FIELDS, TeacherScores,
                                           step_advantages)
-from train.verl_backend.heldout import HeldOut
-from train.verl_backend.launch import policy_models
-from train.verl_backend.policies import PolicyClients, TrainedPolicy, add_policy, pool_name
+from nextstate.train.verl_backend.heldout import HeldOut
+from nextstate.train.verl_backend.launch import policy_models
+from nextstate.train.verl_backend.policies import PolicyClients, TrainedPolicy, add_policy, pool_name
 
 MODE = "nextstate"
 ADVANTAGE_LOG = "advantages.jsonl"
@@ -404,7 +404,7 @@ class NextStateTrainer(PPOTrainerSync):
     def _log_row(self, step: int, metrics: dict[str, Any]) -> None:
         """One row of ``<output>/metrics.jsonl`` (and the curves PNG), the log opened on first use."""
         if getattr(self, "_metrics_log", None) is None:
-            from train.metrics import MetricsLog
+            from nextstate.train.metrics import MetricsLog
             resumed = self.config.trainer.resume_mode != "disable"
             self._metrics_log = MetricsLog(self.config.nextstate.run.output,
                                            resume_step=step - 1 if resumed else None,
