@@ -1,6 +1,6 @@
 """The house rules of the layout: imports flow one way down the floors (the sandbox runtime
-``containers`` -> ``envs`` -> ``agents`` -> ``judges`` -> ``train`` -> ``bench``), no two modules
-need each other, and the imports users already write keep working."""
+``containers`` -> ``envs`` -> ``agents`` -> ``judges`` -> ``train`` -> ``viewer`` -> ``bench``), no
+two modules need each other, and the imports users already write keep working."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOORS = ["containers", "envs", "agents", "judges", "train", "bench"]
+FLOORS = ["containers", "envs", "agents", "judges", "train", "viewer", "bench"]
 
 
 def _modules() -> dict[str, Path]:
@@ -118,6 +118,7 @@ def test_the_graph_sees_imports_inside_functions():
     "from nextstate.containers import reap, owner_labels, ensure_image",
     "from nextstate.containers.pool import SandboxPool",
     "from nextstate.agents import make_policy",
+    "from nextstate.viewer import RunIndex, export, image_ref, main, make_server, to_json",
 ])
 def test_public_imports_keep_working(statement):
     exec(statement, {})

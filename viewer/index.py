@@ -1,52 +1,26 @@
-"""``python -m train.view RUN_DIR``: a page on 127.0.0.1 to read a run step by step.
-
-    python -m train.view runs/terminal                    # serves http://127.0.0.1:8765
-    python -m train.view runs/eval --port 9000
-    python -m train.view runs/terminal --export run.html  # one self-contained page to share
-
-Works on the output folder of ``python -m train`` (``rollouts.jsonl``, or one
-``rollouts.<host>.<pid>.jsonl`` per agent-loop worker of a veRL run, read together in time order,
-``advantages.jsonl``, ``metrics.jsonl``, ``config.json``) and of
-``python -m train.evaluate`` (``results.jsonl``, ``report.json``, and
-``rollouts.jsonl`` when it wrote one). The page shows the run's curves
-(held-out success first; steps that trained nothing are gaps), config and
-counts; a filterable episode list (training and held-out episodes, success
-or failure apart from how the episode ended); each episode step by step (the
-grader's details, the messages the policy saw, action, next state, the
-judge's prompt, answers and votes, ``R_t`` and the advantage the step was
-trained with, screenshots before and after); and the group view, the n
-samples of one task aligned by step index. It follows a run in progress (the page polls; the server reads
-only the bytes appended since the last poll).
+"""The index of a run folder (:class:`RunIndex`), read incrementally as the run appends to it.
 
 The index keeps byte offsets, not records: the list needs only the head of
 each ``step`` / ``judge`` line (everything before its large fields), and an
 episode's lines are read and parsed when it is opened. Screenshots are PNG
 files beside ``rollouts.jsonl`` referenced by relative path, or, in older
-runs, inline base64 / data URIs; both are shown.
+runs, inline base64 / data URIs (:mod:`viewer.images`); both are shown.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
 import contextlib
 import json
 import math
-import mimetypes
 import re
-import sys
 import threading
-import webbrowser
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import parse_qs, unquote, urlparse
 
 from nextstate.train.metrics import CURVES
+from nextstate.viewer.images import mark_images
 
-PAGE = Path(__file__).with_name("view.html")
 ROLLOUTS, ADVANTAGES, METRICS = "rollouts.jsonl", "advantages.jsonl", "metrics.jsonl"
 WORKER_ROLLOUTS = "rollouts.*.jsonl"            # one per agent-loop worker process of a veRL run
 RESULTS, REPORT, CONFIG = "results.jsonl", "report.json", "config.json"
@@ -54,8 +28,6 @@ RESULTS, REPORT, CONFIG = "results.jsonl", "report.json", "config.json"
 _CUT = {b"step": b', "messages": ', b"judge": b', "votes": '}
 _KIND = re.compile(rb'\{"kind": "(\w+)"(?:, "time": ([-+0-9.eE]+))?')   # match(data, pos): anchored at pos
 _TRAIN_STEP = re.compile(r"@s(\d+)$")          # group ids of `python -m train` end in @s<step>
-_IMAGE_FILE = re.compile(r"^[\w./-]+\.(png|jpe?g|webp|gif)$", re.IGNORECASE)
-_B64_MAGIC = {"iVBORw0KGgo": "image/png", "/9j/": "image/jpeg"}
 _DECODER = json.JSONDecoder()
 
 
@@ -121,37 +93,6 @@ def _loads(line: bytes) -> Any:
     return _DECODER.decode(line.decode())
 
 
-def image_ref(value: str, run: Path) -> str | None:
-    """``value`` as an image: a file under ``run``, a data URI, or bare base64 (older runs)."""
-    if value.startswith("data:image/"):
-        return value
-    if len(value) > 64:
-        for magic, mime in _B64_MAGIC.items():
-            if value.startswith(magic):
-                return f"data:{mime};base64,{value}"
-        return None
-    if _IMAGE_FILE.match(value):
-        path = (run / value).resolve()
-        if path.is_relative_to(run.resolve()) and path.is_file():
-            return value
-    return None
-
-
-def mark_images(obj: Any, run: Path, link: Callable[[str], str], found: list[str] | None = None) -> Any:
-    """``obj`` with every image reference replaced by ``{"__image__": url}`` (urls also in ``found``)."""
-    if isinstance(obj, str):
-        ref = image_ref(obj, run)
-        if ref is None:
-            return obj
-        url = ref if ref.startswith("data:") else link(ref)
-        if found is not None:
-            found.append(url)
-        return {"__image__": url}
-    if isinstance(obj, list):
-        return [mark_images(v, run, link, found) for v in obj]
-    if isinstance(obj, dict):
-        return {k: mark_images(v, run, link, found) for k, v in obj.items()}
-    return obj
 
 
 class RunIndex:
@@ -438,128 +379,3 @@ def _reason(grade: Any) -> str | None:
 
 _WHERE = {"kind", "time", "group_id", "task_id", "sample", "step", "heldout", "train_step"}
 _SHOWN = _WHERE | {"role", "text", "action", "next_state", "reward"}
-
-
-def to_json(obj: Any) -> str:
-    """JSON the browser can parse: NaN and infinities (which the recorder may write) become null."""
-    try:
-        return json.dumps(obj, allow_nan=False, default=str)
-    except ValueError:
-        return json.dumps(_finite(obj), allow_nan=False, default=str)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    return obj
-
-
-# -- the server ------------------------------------------------------------------------------
-def make_server(index: RunIndex, port: int = 8765, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """An HTTP server for the page and its JSON API (``serve_forever`` to run it)."""
-    page = PAGE.read_bytes().replace(b"/*EMBEDDED*/null", b"null")
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:   # quiet: one line per request is noise here
-            pass
-
-        def _send(self, body: bytes, ctype: str, status: int = 200) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _json(self, obj: Any, status: int = 200) -> None:
-            self._send(to_json(obj).encode(), "application/json", status)
-
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            route = url.path
-            try:
-                if route in ("/", "/index.html"):
-                    return self._send(page, "text/html; charset=utf-8")
-                if route == "/api/run":
-                    index.refresh()
-                    since = parse_qs(url.query).get("since", [None])[0]
-                    if since is not None and since == index.version:
-                        return self._json({"unchanged": True, "version": index.version})
-                    return self._json(index.overview())
-                if m := re.fullmatch(r"/api/episode/(\d+)", route):
-                    index.refresh()
-                    if int(m.group(1)) >= len(index.episodes):
-                        return self._json({"error": f"no episode {m.group(1)}"}, HTTPStatus.NOT_FOUND)
-                    return self._json(index.episode(int(m.group(1))))
-                if route.startswith("/files/"):
-                    path = index.file(unquote(route[len("/files/"):]))
-                    if path is None:
-                        return self._json({"error": "not found"}, HTTPStatus.NOT_FOUND)
-                    return self._send(path.read_bytes(), mimetypes.guess_type(path.name)[0]
-                                      or "application/octet-stream")
-                return self._json({"error": f"no route {route}"}, HTTPStatus.NOT_FOUND)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            except Exception as e:  # a bug or an unreadable file: say so, keep serving
-                self._json({"error": f"{type(e).__name__}: {e}"}, HTTPStatus.INTERNAL_SERVER_ERROR)
-
-    return ThreadingHTTPServer((host, port), Handler)
-
-
-def export(index: RunIndex, dest: str | Path) -> Path:
-    """One self-contained HTML page: the overview, every episode, images inlined as data URIs."""
-    def inline(rel: str) -> str:
-        path = index.run / rel
-        mime = mimetypes.guess_type(path.name)[0] or "image/png"
-        return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
-
-    index.refresh()
-    data = {"overview": index.overview(),
-            "episodes": {str(e["id"]): index.episode(e["id"], link=inline)
-                         for e in index.overview()["episodes"]}}
-    blob = to_json(data).replace("</", "<\\/")
-    html = PAGE.read_text().replace("/*EMBEDDED*/null", blob)
-    dest = Path(dest)
-    dest.write_text(html, encoding="utf-8")
-    return dest
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.view", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("run", help="run folder of `python -m train` or `python -m train.evaluate`")
-    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0 picks one)")
-    p.add_argument("--export", metavar="FILE.html", help="write one self-contained page instead of serving")
-    p.add_argument("--open", action="store_true", help="open the page in a browser")
-    args = p.parse_args(argv)
-    try:
-        index = RunIndex(args.run)
-        if args.export:
-            dest = export(index, args.export)
-            n = len(index.overview()["episodes"])
-            print(f"wrote {dest} ({dest.stat().st_size / 1e6:.1f} MB, {n} episodes)")
-            return 0
-        index.refresh()
-        server = make_server(index, args.port)
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
-    print(f"serving {args.run} at {url} (Ctrl-C to stop)", flush=True)
-    if args.open:
-        threading.Timer(0.5, webbrowser.open, [url]).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
