@@ -4,10 +4,10 @@
 about 10,000 agent steps with the project's own code (the agent loop's
 :func:`~train.rollout.collect` with its :class:`~agents.recorder.Recorder`,
 :func:`~train.batch.build_batch` for the advantages, the trainer's file
-layout), serves it with ``python -m train.view`` and drives Debian's Chromium
+layout), serves it with ``python -m viewer`` and drives Debian's Chromium
 through Playwright:
 
-* ``cold_render_s``: from starting ``python -m train.view`` to the rendered
+* ``cold_render_s``: from starting ``python -m viewer`` to the rendered
   overview (indexing included);
 * ``first_render_s``: loading the page of a running server until the overview
   and the first page of the episode list are drawn (median of 3);
@@ -235,10 +235,10 @@ def free_port() -> int:
 
 
 def start_viewer(run: Path, port: int) -> subprocess.Popen:
-    """``python -m train.view RUN --port PORT`` in a subprocess, once it answers."""
+    """``python -m viewer RUN --port PORT`` in a subprocess, once it answers."""
     import urllib.request
 
-    proc = subprocess.Popen([sys.executable, "-m", "nextstate.train.view", str(run), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "nextstate.viewer", str(run), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -247,10 +247,10 @@ def start_viewer(run: Path, port: int) -> subprocess.Popen:
             return proc
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"train.view exited: {proc.stdout.read()}")
+                raise RuntimeError(f"the viewer exited: {proc.stdout.read()}")
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("train.view did not answer within 60 s")
+    raise RuntimeError("the viewer did not answer within 60 s")
 
 
 def launch_chromium(playwright: Any) -> Any:
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             figures.update(write_run(run, train_steps=1, min_agent_steps=args.steps, tasks_per_step=4,
                                      samples=4, max_steps=6, gui=True))
             figures["write_s"] = round(time.monotonic() - t, 1)
-        from nextstate.train.view import RunIndex
+        from nextstate.viewer import RunIndex
         t = time.monotonic()
         index = RunIndex(run)
         index.refresh()

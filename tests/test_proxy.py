@@ -375,7 +375,7 @@ def test_training_swaps_weights_and_the_version_header_shows_it(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["batch/samples"] == 2 and "train/pg_loss" in rows[0]
     assert (tmp_path / "curves.png").exists() and (tmp_path / "checkpoints" / "step_000001" / "meta.json").exists()
-    from nextstate.train.view import RunIndex
+    from nextstate.viewer import RunIndex
     index = RunIndex(tmp_path)
     index.refresh()
     named = [e for e in index.episodes if e.group_id == "t"]

@@ -67,8 +67,8 @@ def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
 
 
 def _viewer_reads(out: Path, logged: list[dict]) -> None:
-    """advantages.jsonl names trained steps of rollouts.jsonl; train.view joins the two."""
-    from nextstate.train.view import RunIndex
+    """advantages.jsonl names trained steps of rollouts.jsonl; the viewer joins the two."""
+    from nextstate.viewer import RunIndex
 
     advantages = [json.loads(x) for x in (out / "advantages.jsonl").read_text().splitlines()]
     steps = {(r["group_id"], r["sample"], r["step"]) for r in logged if r["kind"] == "step"}

@@ -313,7 +313,7 @@ def test_two_nodes_each_on_its_own_engine_reaped_merged_and_surviving_an_engine_
     from nextstate.train.verl_backend import RUN_ENV
     from nextstate.train.verl_backend.launch import compose
     from nextstate.train.verl_backend.nodes import clean_cluster, processes_with, run_processes
-    from nextstate.train.view import RunIndex, main
+    from nextstate.viewer import RunIndex, main
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     output = tmp_path / "run"

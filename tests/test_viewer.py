@@ -1,4 +1,4 @@
-"""``python -m train.view``: the run index, the JSON API, the export, and the page in Debian's Chromium.
+"""``python -m viewer``: the run index, the JSON API, the export, and the page in Debian's Chromium.
 
 The runs are written by the project's own code (:func:`bench.viewer.write_run`:
 the agent loop and its recorder, ``build_batch``'s step log, ``MetricsLog``;
@@ -30,7 +30,7 @@ from nextstate.train.batch import build_batch
 from nextstate.train.config import AdvantageConfig
 from nextstate.train.rollout import collect
 from nextstate.train.evaluate import evaluate
-from nextstate.train.view import RunIndex, export, image_ref, main, make_server, to_json
+from nextstate.viewer import RunIndex, export, image_ref, main, make_server, to_json
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -7,7 +7,7 @@ token ids the backend did not report are left out (and counted). The
 advantage of a step comes from :mod:`train.advantage` and is spread over
 every token of its response. ``Batch.step_log`` keeps, per trainable step,
 the ``R_t`` and advantage it was trained with (the trainer writes them to
-``advantages.jsonl``, where ``python -m train.view`` reads them).
+``advantages.jsonl``, where ``python -m viewer`` reads them).
 
 On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``): a step with a hint
 carries its teacher context (``Step.teacher_prompt_ids``); the learner scores the

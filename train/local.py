@@ -154,7 +154,7 @@ class LocalTrainer:
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None,
                                   members=[m.name for m in self.members] if self.several else None,
                                   measures=getattr(self.env_cls, "measures", None))
-        (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for train.view
+        (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for the viewer
         # every step's messages, action, next state, judge prompt, votes and hints
         self.recorder = Recorder(output / "rollouts.jsonl")
         # R_t and the advantage each trained step got, keyed by (group_id, sample, step)

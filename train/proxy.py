@@ -29,7 +29,7 @@ pointed at it becomes a source of training data:
 * **Concurrency**: two requests on one named session at once make two branches (trajectories);
   a streaming client that disconnects cancels its generation, and its turn is recorded aborted.
 * **Records**: ``rollouts.jsonl`` (one episode per session, the env loop's schema, so
-  ``python -m train.view DIR`` shows them), ``advantages.jsonl``, ``metrics.jsonl``,
+  ``python -m viewer DIR`` shows them), ``advantages.jsonl``, ``metrics.jsonl``,
   ``curves.png``, ``checkpoints/``. Every response carries ``X-Policy-Version`` (and
   ``system_fingerprint: v<version>``): the weights that produced it.
 * **Safety**: binds 127.0.0.1 unless told otherwise; ``--api-key`` enforces a bearer key; bodies

@@ -430,7 +430,7 @@ async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str
     with ``env_cls`` (a multi-agent family), each agent's own measures too (``eval/<agent>/…``).
 
     The episodes are recorded with ``heldout: true`` and ``train_step: step`` (group ids
-    ``<task id>@eval<step>``), so ``python -m train.view`` shows them apart from training's.
+    ``<task id>@eval<step>``), so ``python -m viewer`` shows them apart from training's.
     """
     trajs = await collect(env_factory, policies, tasks, n_samples=n_samples, parallel=parallel,
                           router=router, recorder=recorder, chat=chat, sampling=sampling,

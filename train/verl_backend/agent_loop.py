@@ -22,7 +22,7 @@ template, as ``run_episode`` builds it on both backends).
 Per worker process the loops share one sandbox pool, a pool of environment
 instances, the env threads, the step judge, the hint source and the rollout log
 (:class:`EpisodeResources`): ``<output>/rollouts.jsonl``, or with several workers one file per
-worker process, ``rollouts.<host>.<pid>.jsonl`` (``python -m train.view`` reads them all). The
+worker process, ``rollouts.<host>.<pid>.jsonl`` (``python -m viewer`` reads them all). The
 sandboxes run on the Docker engine of the worker's node: ``DOCKER_HOST`` in the environment
 ``ray start`` ran in there, else the local socket. The run's settings are the ``nextstate``
 section of veRL's config (a serialized :class:`train.config.Config`).
