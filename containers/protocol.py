@@ -208,6 +208,38 @@ class _Capped:
         return text, self.code, self.dropped > 0
 
 
+def _command_line(nonce: str, body: bytes) -> bytes:
+    """What the shell is sent for one command: the line that runs it, then its bytes.
+
+    `read -N` takes the command's exact bytes off the stream: no fork needed, so a
+    sandbox whose pids are exhausted still answers. `\\builtin` passes by the agent's
+    functions and aliases of the same names. The command runs with the agent's -x/-v
+    (kept in __ns_x); the group after it turns them off with its own trace sent to
+    /dev/null, so a `set -x` shows the command's lines, never the protocol's. Then it
+    prints the end markers ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on
+    stdout, ``\\x1e<nonce>!`` on stderr.
+    """
+    return (
+        f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
+        f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
+        "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
+        f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
+    ).encode() + body
+
+
+@dataclass(slots=True)
+class _Wait:
+    """Where the wait for one command's end stands, and what happened on the way."""
+
+    deadline: float
+    next_kill: float = math.inf
+    next_disk: float = math.inf
+    timed_out: bool = False
+    restarted: bool = False
+    rc_exit: int | None = None     # the shell exited (``exit``) with this status
+    disk_full: int | None = None   # bytes written when the watchdog found the disk limit passed
+
+
 class Sandbox(ABC):
     """One isolated machine with a persistent shell.
 
@@ -347,97 +379,118 @@ class Sandbox(ABC):
         return late.decode("utf-8", errors="replace")
 
     def _exchange(self, command: str, timeout: float, limit: int | None) -> CommandResult:
+        """One round trip: send ``command``, read both streams up to their end markers and say
+        what cut it short. ``limit`` caps each stream (None: the sandbox's own commands, the
+        shell's start and file transfers: uncapped, no disk watchdog, no disk or memory notes)."""
         nonce = uuid.uuid4().hex[:10]
-        out_m, err_m = f"\n\x1e{nonce}:".encode(), f"\x1e{nonce}!".encode()
-        body = command.encode()
+        line = _command_line(nonce, command.encode())
         background = self._background_output(limit)
-        # `read -N` takes the command's exact bytes off the stream: no fork needed, so a
-        # sandbox whose pids are exhausted still answers. `\builtin` passes by the agent's
-        # functions and aliases of the same names. The command runs with the agent's -x/-v
-        # (kept in __ns_x); the group after it turns them off with its own trace sent to
-        # /dev/null, so a `set -x` shows the command's lines, never the protocol's.
-        line = (
-            f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
-            f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
-            "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
-            f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
-        ).encode() + body
-        out, err = _Capped(limit, out_m, True), _Capped(limit, err_m, False)
+        out = _Capped(limit, f"\n\x1e{nonce}:".encode(), True)
+        err = _Capped(limit, f"\x1e{nonce}!".encode(), False)
         start = time.monotonic()
-        deadline = start + timeout
-        timed_out = restarted = False
-        disk_full: int | None = None
-        rc_exit: int | None = None
         self._in_flight = True
         try:
             self._send(line)
         except OSError as e:
             raise self._gone(e) from e
-        next_kill = float("inf")
-        watch = self._disk_limit is not None and limit is not None
-        next_disk = (start if start - self._disk_checked >= self.disk_check_every else
-                     start + self.disk_check_running) if watch else float("inf")
-        while not (out.done() and err.done()):
-            now = time.monotonic()
-            if now >= deadline:
-                if timed_out:  # the shell itself is stuck (a builtin loop): restart it
-                    self._restart_shell()
-                    restarted = True
-                    break
-                timed_out = True
-                deadline, next_kill = now + self.kill_grace, now
-            if now >= next_kill and self._shell_pid:
-                # Kill the command's processes; repeat while the rest of its line runs.
-                if self._kill_tree(self._shell_pid):
-                    self._restart_shell()
-                    restarted = True
-                    break
-                next_kill = time.monotonic() + 0.25
-            if now >= next_disk:
-                used = self._disk_used()
-                self._disk_checked = time.monotonic()
-                next_disk = self._disk_checked + self.disk_check_running
-                if used is not None and used > self._disk_limit:  # type: ignore[operator]
-                    disk_full = used
-                    self._kill_others()
-            wake = min(deadline, next_kill, next_disk)
-            chunks = self._recv(max(0.001, wake - now) if timed_out else max(0.001, min(wake - now, 1.0)))
-            if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
-                code = self._shell_exit_code()
-                if code is None:
-                    raise self._gone(None)
-                self._close_shell()
-                self._start_shell()
-                restarted, rc_exit = True, code
-                break
-            for stream, data in chunks:
-                (out if stream == STDOUT else err).feed(data)
-        if not restarted:
+        wait = self._await_end(out, err, start, timeout, self._disk_limit is not None and limit is not None)
+        if not wait.restarted:
             self._in_flight = False
             self._late = [bytes(out.late), bytes(err.late)]
         elapsed = time.monotonic() - start
         stdout, rc, t1 = out.text()
         stderr, _, t2 = err.text()
-        if timed_out:
-            stderr += f"\n[command timed out after {timeout:g}s and was killed]\n"
+        notes, rc = self._notes(wait, rc, timeout, limit)
+        return CommandResult(stdout, stderr + notes, 124 if rc is None else rc, elapsed,
+                             wait.timed_out, t1 or t2, wait.restarted, background)
+
+    def _await_end(self, out: _Capped, err: _Capped, start: float, timeout: float, watch: bool) -> _Wait:
+        """Feed ``out`` and ``err`` until both saw their end marker, killing the command past its
+        deadline and, with ``watch``, measuring the disk meanwhile; what happened comes back."""
+        wait = _Wait(start + timeout)
+        if watch:
+            wait.next_disk = (start if start - self._disk_checked >= self.disk_check_every else
+                              start + self.disk_check_running)
+        while not (out.done() and err.done()):
+            now = time.monotonic()
+            if now >= wait.deadline and self._overdue(wait, now):
+                break
+            if now >= wait.next_kill and self._shell_pid and self._kill_command(wait, self._shell_pid):
+                break
+            if now >= wait.next_disk:
+                self._check_disk(wait)
+            wake = min(wait.deadline, wait.next_kill, wait.next_disk)
+            chunks = self._recv(max(0.001, wake - now) if wait.timed_out else max(0.001, min(wake - now, 1.0)))
+            if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
+                self._shell_ended(wait)
+                break
+            for stream, data in chunks:
+                (out if stream == STDOUT else err).feed(data)
+        return wait
+
+    def _overdue(self, wait: _Wait, now: float) -> bool:
+        """The deadline passed: the first time, the command timed out (kill it, allow
+        ``kill_grace``); the second, the shell itself is stuck (a builtin loop): restart it
+        and stop waiting (True)."""
+        if wait.timed_out:
+            self._restart_shell()
+            wait.restarted = True
+            return True
+        wait.timed_out = True
+        wait.deadline, wait.next_kill = now + self.kill_grace, now
+        return False
+
+    def _kill_command(self, wait: _Wait, shell: int) -> bool:
+        """Kill the command's processes (the descendants of ``shell``); repeated while the rest of
+        its line runs. True: the sandbox was out of pids, so the shell was restarted (stop waiting)."""
+        if self._kill_tree(shell):
+            self._restart_shell()
+            wait.restarted = True
+            return True
+        wait.next_kill = time.monotonic() + 0.25
+        return False
+
+    def _check_disk(self, wait: _Wait) -> None:
+        """The watchdog's look at the disk: past the limit, kill the writers."""
+        used = self._disk_used()
+        self._disk_checked = time.monotonic()
+        wait.next_disk = self._disk_checked + self.disk_check_running
+        if used is not None and used > self._disk_limit:  # type: ignore[operator]
+            wait.disk_full = used
+            self._kill_others()
+
+    def _shell_ended(self, wait: _Wait) -> None:
+        """The shell's streams ended: after ``exit`` a new shell starts; a dead sandbox raises."""
+        code = self._shell_exit_code()
+        if code is None:
+            raise self._gone(None)
+        self._close_shell()
+        self._start_shell()
+        wait.restarted, wait.rc_exit = True, code
+
+    def _notes(self, wait: _Wait, rc: int | None, timeout: float, limit: int | None) -> tuple[str, int | None]:
+        """The lines stderr gets for what cut the command short or what it ran into (its timeout,
+        the disk or memory limit, a new shell), and the exit code that makes it."""
+        notes = ""
+        if wait.timed_out:
+            notes += f"\n[command timed out after {timeout:g}s and was killed]\n"
             rc = 124 if rc is None or rc == 0 else rc
-        if disk_full is not None:
-            stderr += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(self._disk_limit)} is used up "
-                       f"({_mib(disk_full)} written); the processes writing were killed. "
-                       "Delete files to free space.]\n")
+        if wait.disk_full is not None:
+            notes += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(self._disk_limit)} is used up "
+                      f"({_mib(wait.disk_full)} written); the processes writing were killed. "
+                      "Delete files to free space.]\n")
             rc = 28 if rc is None or rc == 0 else rc   # 28: ENOSPC
         elif limit is not None and (full := self._disk_full()):
-            stderr += f"\n[ENOSPC: {full}. Delete files to free space.]\n"
+            notes += f"\n[ENOSPC: {full}. Delete files to free space.]\n"
         if limit is not None and self._oom_killed(rc):
-            stderr += (f"\n[out of memory (limit {_size(parse_size(self.spec.memory) or 0)}): the kernel "
-                       "killed a process of the sandbox. Use less memory.]\n")
-        if rc_exit is not None:
-            rc = rc_exit
-            stderr += "[the shell exited; a new one was started: cwd and environment were reset]\n"
-        elif restarted:
-            stderr += "[the shell did not respond and was restarted: cwd and environment were reset]\n"
-        return CommandResult(stdout, stderr, 124 if rc is None else rc, elapsed,
-                             timed_out, t1 or t2, restarted, background)
+            notes += (f"\n[out of memory (limit {_size(parse_size(self.spec.memory) or 0)}): the kernel "
+                      "killed a process of the sandbox. Use less memory.]\n")
+        if wait.rc_exit is not None:
+            rc = wait.rc_exit
+            notes += "[the shell exited; a new one was started: cwd and environment were reset]\n"
+        elif wait.restarted:
+            notes += "[the shell did not respond and was restarted: cwd and environment were reset]\n"
+        return notes, rc
 
     def _restart_shell(self) -> None:
         """A new shell; every other process (background jobs included) is killed."""
