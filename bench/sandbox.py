@@ -30,7 +30,8 @@ import docker
 from bench import ms_percentile, report
 from nextstate import containers
 from nextstate.containers.pool import SandboxPool
-from nextstate.containers.sandbox import DockerSandbox, SandboxSpec
+from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.protocol import SandboxSpec
 
 
 def ms(seconds: list[float], q: float) -> float:

@@ -1,7 +1,9 @@
 """The sandbox runtime, the floor every env stands on: sandboxes, their pool, their disks, the
 images they run and the removal of what a dead run left behind.
 
-* :mod:`containers.sandbox` -- one long-lived shell per sandbox (Docker, or a local shell);
+* :mod:`containers.sandbox` -- one long-lived shell per sandbox (Docker, or a local shell): the names
+  users import, from :mod:`containers.protocol` (the protocol both backends speak),
+  :mod:`containers.docker_sandbox` and :mod:`containers.local_sandbox` (the backends);
 * :mod:`containers.pool` -- :class:`~containers.pool.SandboxPool`, warm sandboxes leased per episode;
 * :mod:`containers.disks` -- a per-sandbox disk limit on a loop-mounted ext4 disk;
 * :mod:`containers.engine` -- the labels every project container carries, and owner liveness;

@@ -6,9 +6,9 @@ one is warm; :meth:`release` gives it back, and by default the pool throws it
 away and starts a fresh one in the background, so nothing an episode did can
 leak into the next. A monitor thread replaces sandboxes that die while idle
 (a container killed from outside); a leased sandbox that dies raises
-:class:`~containers.sandbox.SandboxError` in its holder's ``run`` instead of hanging.
+:class:`~containers.protocol.SandboxError` in its holder's ``run`` instead of hanging.
 While no engine of the pool answers (its ``dockerd`` died), leases fail at once with
-:class:`~containers.sandbox.SandboxError` rather than wait out their timeout; the pool keeps
+:class:`~containers.protocol.SandboxError` rather than wait out their timeout; the pool keeps
 trying to start sandboxes and serves leases again when an engine is back.
 
 Every container carries the project's labels (run id, owner pid, host), so the
@@ -37,8 +37,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from nextstate.containers.sandbox import (DockerSandbox, LocalSandbox, Sandbox, SandboxConfigError, SandboxError, SandboxSpec,
-                                warn_local_backend)
+from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.local_sandbox import LocalSandbox, warn_local_backend
+from nextstate.containers.protocol import Sandbox, SandboxConfigError, SandboxError, SandboxSpec
 
 log = logging.getLogger(__name__)
 _LIVE_POOLS: "weakref.WeakSet[SandboxPool]" = weakref.WeakSet()

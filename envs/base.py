@@ -41,7 +41,7 @@ from gymnasium.error import ResetNeeded
 
 from nextstate.envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
 from nextstate.containers.pool import PoolTimeout, SandboxPool
-from nextstate.containers.sandbox import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
+from nextstate.containers.protocol import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
 MAX_OBSERVATION_CHARS = 1 << 22
 INFRA_ERRORS = (SandboxError, PoolTimeout)
@@ -238,7 +238,7 @@ class NextStateEnv(gymnasium.Env):
         raise TypeError(f"{type(self).__name__} cannot load tasks from {source!r}")
 
     def sandbox_overrides(self, task: Task) -> dict[str, Any]:
-        """:class:`~containers.sandbox.SandboxSpec` fields this task needs (``image``, ``network``...).
+        """:class:`~containers.protocol.SandboxSpec` fields this task needs (``image``, ``network``...).
 
         Empty (the default) means any sandbox of the shared pool will do.
         """

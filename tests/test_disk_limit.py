@@ -24,7 +24,8 @@ import pytest
 from nextstate import containers
 from nextstate.containers import disks
 from nextstate.envs.pool import SandboxPool
-from nextstate.containers.sandbox import DockerSandbox, SandboxSpec
+from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.protocol import SandboxSpec
 
 pytestmark = pytest.mark.docker
 LIMIT = 64 * 2 ** 20
@@ -115,7 +116,7 @@ def test_without_loop_devices_one_warning_and_the_watchdog(docker_client, termin
     monkeypatch.setattr(disks.os, "geteuid", lambda: 1000)
     boxes = []
     try:
-        with caplog.at_level(logging.WARNING, logger="nextstate.containers.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="nextstate.containers.docker_sandbox"):
             for _ in range(2):
                 boxes.append(DockerSandbox(SandboxSpec(image=terminal_image, disk="64m"), docker_client,
                                            containers.owner_labels("pytest-disk")))

@@ -104,7 +104,7 @@ def test_no_circle_of_modules():
 
 def test_the_graph_sees_imports_inside_functions():
     """The checks above would pass vacuously on a graph that missed lazy imports."""
-    assert "nextstate.containers.disks" in GRAPH["nextstate.containers.sandbox"]      # inside a method
+    assert "nextstate.containers.disks" in GRAPH["nextstate.containers.docker_sandbox"]   # inside a method
     assert "nextstate.envs.terminal.procedural" in GRAPH["nextstate.agents.tiny"]      # inside a function
 
 

@@ -16,7 +16,7 @@ from nextstate.agents.testing import Reply, ScriptedOpenAIServer, ScriptedPolicy
 from nextstate.agents.trajectory import Trajectory
 from nextstate.envs.actions import ToolCall, tool_schema
 from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
-from nextstate.containers.sandbox import SandboxError
+from nextstate.containers.protocol import SandboxError
 from nextstate.judges.prm import StepJudge
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from nextstate import containers
 from nextstate.envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
-from nextstate.containers.sandbox import SandboxError
+from nextstate.containers.protocol import SandboxError
 
 pytestmark = pytest.mark.docker
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,9 @@ import time
 import pytest
 
 from nextstate import containers
-from nextstate.containers.sandbox import DockerSandbox, LocalSandbox, SandboxError, SandboxSpec
+from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.local_sandbox import LocalSandbox
+from nextstate.containers.protocol import SandboxError, SandboxSpec
 
 
 @pytest.fixture
@@ -213,7 +215,7 @@ def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docke
 
 
 def test_end_marker_found_after_any_flood():
-    from nextstate.containers.sandbox import _Capped
+    from nextstate.containers.protocol import _Capped
     c = _Capped(16, b"\n\x1eabc:", True)
     c.feed(b"x" * 100_000 + b"\n\x1eab")
     c.feed(b"c:7\x1e" + b"y" * 100_000)   # the marker split across chunks, then a flood

@@ -16,7 +16,7 @@ import pytest
 from nextstate.containers.build import base_images, build_image, resolve_from
 from nextstate.envs.__main__ import main
 from nextstate.envs.base import play
-from nextstate.containers.sandbox import SandboxConfigError
+from nextstate.containers.protocol import SandboxConfigError
 from nextstate.envs.terminal import (BUILTIN_TASKS, TerminalEnv, harbor_outcome, load_terminal_tasks,
                            parse_pytest_summary)
 from nextstate.envs.validate import validate

@@ -355,7 +355,7 @@ def _agents_problem(cfg: Config) -> str | None:
 
 
 def _size_ok(size: str | None) -> bool:
-    from nextstate.containers.sandbox import parse_size
+    from nextstate.containers.protocol import parse_size
     try:
         return size is None or parse_size(size) > 0
     except ValueError:

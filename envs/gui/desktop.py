@@ -11,7 +11,7 @@ import shlex
 import time
 from typing import Any
 
-from nextstate.containers.sandbox import Sandbox
+from nextstate.containers.protocol import Sandbox
 
 CONTROLLER_PORT = 5000
 HOME = "/home/user"  # OSWorld's paths; the image links it to the agent's home

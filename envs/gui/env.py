@@ -56,7 +56,7 @@ import gymnasium
 import numpy as np
 from PIL import Image
 
-from nextstate.containers.sandbox import Sandbox
+from nextstate.containers.protocol import Sandbox
 from nextstate.envs.actions import ActionError, NoToolCall, ToolCall, parse_action, tool_schema
 from nextstate.envs.base import AnyText, NextStateEnv, Observation, Outcome, Task, TaskUnsupported, ToolResult
 from nextstate.envs.gui import osworld

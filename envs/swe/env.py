@@ -20,7 +20,7 @@ from typing import Any
 
 from nextstate.envs.actions import ToolCall, tool_schema
 from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
-from nextstate.containers.sandbox import SandboxError
+from nextstate.containers.protocol import SandboxError
 from nextstate.envs.swe.grading import Grade, grade, summary
 from nextstate.envs.swe.specs import ACTIVATE, CONDA, ENV_NAME
 from nextstate.envs.swe.instances import (OFFLINE_IMAGE, TESTBED, InstanceError, checkout_command, ensure_image,

@@ -17,7 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nextstate.containers.sandbox import DockerSandbox, Sandbox, SandboxError, SandboxSpec
+from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.protocol import Sandbox, SandboxError, SandboxSpec
 from nextstate.envs.swe.instances import TESTBED, checkout_command, make_test_spec, sandbox_user
 
 #: What a test log says when the tests reached for a network they did not have (psf/requests' tests call

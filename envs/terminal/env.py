@@ -15,7 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from nextstate.containers.sandbox import CommandResult, Sandbox, SandboxError
+from nextstate.containers.protocol import CommandResult, Sandbox, SandboxError
 from nextstate.envs.actions import ActionError, ToolCall, tool_schema
 from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
 from nextstate.envs.terminal import outdir, procedural

@@ -1,0 +1,428 @@
+"""The Docker backend: a :class:`DockerSandbox` is a container with no network, a non-root
+user, all capabilities dropped, ``no-new-privileges`` and pids/memory/CPU limits. Its shell is
+one ``docker exec`` whose multiplexed stdout/stderr socket stays open; it speaks the protocol of
+:mod:`containers.protocol`.
+
+Hard limits: ``pids_limit``, ``memory``, ``cpus`` and
+``disk``. Where the engine can kill by cgroup from the host (a local engine,
+run as root) a timeout kills the command without starting a process inside
+the container, so it holds under a fork bomb that exhausted the pid limit; a
+restarted shell takes every other process in the container with it.
+``disk`` is the engine's per-container storage quota where its storage driver
+supports one (overlay2 on XFS with project quotas). Elsewhere (overlay2 on ext4),
+on a local engine run as root, the container's writable layer goes on a
+loop-mounted ext4 disk of the limit's size (:mod:`containers.disks`): past it,
+every write fails with ``ENOSPC`` as on a full disk, and the result says the
+limit (its bytes, or its inodes) is used up. A process the kernel kills for the
+memory limit gets a line saying so, with the limit. Where neither is possible (no loop devices, not root, a
+remote engine) a watchdog measures the writable layer while commands run (and
+at most every ``disk_check_every`` seconds between them) and, past the limit,
+kills the writers and reports ``ENOSPC`` in the result: a write can run past
+the limit by what it writes in one check interval (0.2 s; into the page cache
+that can be a few hundred MB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from nextstate.containers.protocol import _KILL_TREE, Sandbox, SandboxConfigError, SandboxError, SandboxSpec, _mib
+
+log = logging.getLogger(__name__)
+
+# Kills every process but init (pid 1), the container's command (its oldest child), the
+# shell (pid $1, 0: none) and this script: a watchdog's or a restart's kill from inside.
+_KILL_OTHERS = r"""
+main=$(pgrep -o -P 1); keep=" 1 $main $1 $$ "
+pids=$(for p in $(pgrep .); do case "$keep" in *" $p "*) ;; *) echo "$p";; esac; done)
+[ -n "$pids" ] && kill -STOP $pids 2>/dev/null; [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+exit 0
+"""
+
+# Docker's default capabilities but NET_RAW: what a root user needs to act as root
+# (write others' files, chown, apt-get's privilege drop); other users get none.
+ROOT_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+             "NET_BIND_SERVICE", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP"]
+
+
+class _HostCgroup:
+    """A container's cgroup seen from the host: freeze it, list and kill its processes.
+
+    Needs a local engine and write access to ``/sys/fs/cgroup`` (root); works with
+    cgroup v1 (the freezer and pids controllers) and v2. :meth:`find` returns None
+    where that is not so, and callers fall back to killing from inside.
+    """
+
+    ROOT = Path("/sys/fs/cgroup")
+
+    def __init__(self, procs: Path, freeze: Path, frozen: Callable[[], bool], pids: Path, v2: bool,
+                 oom: Path):
+        self.procs, self.freeze_file, self._frozen, self.pids_dir, self.v2 = procs, freeze, frozen, pids, v2
+        self.oom_file = oom   # memory.events (v2) or memory.oom_control (v1): "oom_kill N"
+
+    @classmethod
+    def find(cls, init_pid: int, container_id: str) -> "_HostCgroup | None":
+        try:
+            lines = Path(f"/proc/{init_pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        v1: dict[str, str] = {}
+        unified = None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if not controllers:
+                unified = path
+            for c in controllers.split(","):
+                v1[c] = path
+        if container_id not in v1.get("freezer", unified or ""):  # another host's pid, or no match
+            return None
+        if "freezer" in v1:
+            d = cls.ROOT / "freezer" / v1["freezer"].lstrip("/")
+            state = d / "freezer.state"
+            found = cls(d / "cgroup.procs", state, lambda: state.read_text().strip() == "FROZEN",
+                        cls.ROOT / "pids" / v1.get("pids", "/").lstrip("/"), False,
+                        cls.ROOT / "memory" / v1.get("memory", "/").lstrip("/") / "memory.oom_control")
+        else:
+            d = cls.ROOT / (unified or "/").lstrip("/")
+            events = d / "cgroup.events"
+            found = cls(d / "cgroup.procs", d / "cgroup.freeze",
+                        lambda: "frozen 1" in events.read_text(), d, True, d / "memory.events")
+        return found if os.access(found.freeze_file, os.W_OK) else None
+
+    def oom_kills(self) -> int | None:
+        """Processes the OOM killer killed in this cgroup so far (None: the kernel does not say)."""
+        try:
+            return _oom_count(self.oom_file.read_text())
+        except OSError:
+            return None
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in self.procs.read_text().split()]
+
+    def near_pid_limit(self) -> bool:
+        """Whether the pid limit is (nearly) exhausted: a fork bomb, as far as anyone can tell."""
+        try:
+            limit = (self.pids_dir / "pids.max").read_text().strip()
+            current = int((self.pids_dir / "pids.current").read_text())
+        except (OSError, ValueError):
+            return False
+        return limit != "max" and current >= 0.9 * int(limit)
+
+    def kill(self, choose: Callable[[dict[int, int]], set[int]]) -> None:
+        """Freeze, SIGKILL ``choose({pid: parent pid})``, thaw: nothing forks while we look."""
+        self.freeze_file.write_text("FROZEN" if not self.v2 else "1")
+        try:
+            deadline = time.monotonic() + 1.0
+            while not self._frozen() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            parents = {}
+            for pid in self.pids():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                    parents[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue  # gone meanwhile
+            for pid in choose(parents):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            self.freeze_file.write_text("THAWED" if not self.v2 else "0")
+
+
+def _oom_count(text: str) -> int | None:
+    """N of the ``oom_kill N`` line of a cgroup's memory.events / memory.oom_control."""
+    m = re.search(r"^oom_kill (\d+)$", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _descendants(parents: dict[int, int], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
+class DockerSandbox(Sandbox):
+    """A container on a Docker engine, with its shell on one open exec socket."""
+
+    backend = "docker"
+    _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
+    _loop_support: "dict[str, bool]" = {}    # engine URL -> whether its containers get loop disks
+
+    def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str]):
+        super().__init__(spec)
+        self.client = client
+        self._disk: Any = None   # a containers.disks.LoopDisk
+        self._ooms = 0           # OOM kills in the container's cgroup seen so far
+        self.container = self._create(spec, client, labels)
+        try:
+            self._attach_disk(labels)
+            self.container.start()
+        except BaseException as e:
+            self._dispose()
+            if not isinstance(e, Exception):
+                raise
+            if "unable to find user" in str(e) or "no matching entries in passwd" in str(e):
+                raise SandboxConfigError(
+                    f"image {spec.image} has no user {spec.user!r}: set `user` in the task file or "
+                    "the config (e.g. root), or add the user to the image") from None
+            raise
+        self.id = self.container.id[:12]
+        self._sock: socket.socket | None = None
+        self._buf = b""
+        self._shell_host_pid: int | None = None
+        try:
+            self.container.reload()
+            self._init_pid = int(self.container.attrs["State"]["Pid"])
+            local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
+            self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
+            self._start_shell()
+        except BaseException:
+            self.close()
+            raise
+
+    def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
+        """Create the container, with the engine's storage quota when its driver has one."""
+        import docker
+
+        kw = dict(init=True, labels=labels, user=spec.user, working_dir=spec.workdir,
+                  environment=spec.env, network_mode="bridge" if spec.network else "none",
+                  cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
+                  security_opt=["no-new-privileges"],
+                  pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
+                  nano_cpus=int(spec.cpus * 1e9), auto_remove=False)
+        engine = str(client.api.base_url)
+        if self._disk_limit is not None and self._quota_support.get(engine, True):
+            try:
+                container = client.containers.create(spec.image, spec.command,
+                                                     storage_opt={"size": str(self._disk_limit)}, **kw)
+            except docker.errors.APIError as e:
+                if "storage" not in str(e).lower() and "quota" not in str(e).lower():
+                    raise
+                log.info("engine %s has no storage quota (%s): a watchdog enforces disk limits",
+                         engine, str(e).splitlines()[0][:200])
+                self._quota_support[engine] = False
+            else:
+                self._quota_support[engine] = True
+                self._disk_limit = None   # the engine enforces it: real ENOSPC, nothing to watch
+                return container
+        return client.containers.create(spec.image, spec.command, **kw)
+
+    def _attach_disk(self, labels: dict[str, str]) -> None:
+        """Without an engine quota, put the writable layer on a loop-mounted disk of the limit's
+        size (:mod:`containers.disks`); where this host can't, warn once and keep the watchdog."""
+        from nextstate.containers.disks import DiskUnavailable, attach
+
+        engine = str(self.client.api.base_url)
+        if self._disk_limit is None or not self._loop_support.get(engine, True):
+            return
+        try:
+            self._disk = attach(self.container.id, self.container.attrs.get("GraphDriver") or {},
+                                self._disk_limit, labels)
+        except DiskUnavailable as e:
+            if self._loop_support.get(engine):   # worked before: this one failed (out of loop devices?)
+                log.warning("sandbox %s: no disk of its own (%s); a watchdog keeps its disk limit", self.id, e)
+            else:   # this host can't: say so once
+                log.warning("sandbox disk limits on %s are kept by a watchdog, which a fast write can "
+                            "overshoot: %s", engine, e)
+                self._loop_support[engine] = False
+            return
+        self._loop_support[engine] = True
+        self._disk_limit = None   # the kernel enforces it: real ENOSPC, nothing to watch
+
+    @property
+    def address(self) -> str | None:
+        """The container's IP on the bridge network (None without network)."""
+        self.container.reload()
+        nets = self.container.attrs.get("NetworkSettings", {}).get("Networks", {})
+        return next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
+
+    def _open_shell(self) -> None:
+        api = self.client.api
+        try:
+            ex = api.exec_create(self.container.id, ["bash", "--noprofile", "--norc"], stdin=True,
+                                 user=self.spec.user, workdir=self.spec.workdir, environment=self.spec.env)
+            self._exec_id = ex["Id"]
+            sock = api.exec_start(ex["Id"], socket=True)
+        except Exception as e:  # docker.errors.APIError, connection errors
+            raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
+        self._sock = getattr(sock, "_sock", sock)
+        self._buf = b""
+        self._shell_host_pid = None   # looked up when first needed
+
+    def _send(self, data: bytes) -> None:
+        assert self._sock is not None
+        self._sock.settimeout(30)
+        self._sock.sendall(data)
+
+    def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
+        assert self._sock is not None
+        try:
+            self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
+            data = self._sock.recv(1 << 16)
+        except (socket.timeout, BlockingIOError):
+            return []
+        except OSError:   # the connection is gone (closed under us: EBADF), like an ended shell
+            return None
+        if not data:
+            return None
+        self._buf += data
+        chunks = []
+        while len(self._buf) >= 8:  # docker's stream framing: type, 0,0,0, big-endian size
+            stream, size = self._buf[0], struct.unpack(">I", self._buf[4:8])[0]
+            if len(self._buf) < 8 + size:
+                break
+            chunks.append((stream, self._buf[8:8 + size]))
+            self._buf = self._buf[8 + size:]
+        return chunks
+
+    def _close_shell(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+    def _host_shell_pid(self) -> int | None:
+        if self._shell_host_pid is None:
+            try:
+                self._shell_host_pid = int(self.client.api.exec_inspect(self._exec_id)["Pid"]) or None
+            except Exception:
+                return None
+        return self._shell_host_pid
+
+    def _main_pid(self, parents: dict[int, int]) -> set[int]:
+        """The container's init and its oldest child (the container's command): never killed."""
+        kids = [p for p, pp in parents.items() if pp == self._init_pid]
+        if not kids:
+            return {self._init_pid}
+
+        def started(pid: int) -> int:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                return int(stat[stat.rindex(")") + 2:].split()[19])
+            except (OSError, ValueError, IndexError):
+                return 1 << 62
+        return {self._init_pid, min(kids, key=started)}
+
+    def _kill_tree(self, pid: int) -> bool | None:
+        shell = self._host_shell_pid() if self._cgroup else None
+        if self._cgroup is not None and shell is not None:
+            bomb = self._cgroup.near_pid_limit()
+            try:  # the command's tree; under a fork bomb, everything but the shell
+                self._cgroup.kill(lambda parents: set(parents) - self._main_pid(parents) - {shell}
+                                  if bomb else _descendants(parents, shell))
+                return bomb
+            except OSError as e:
+                log.warning("cgroup kill in %s failed (%s); killing from inside", self.id, e)
+        try:
+            self.container.exec_run(["bash", "-c", _KILL_TREE, "kill", str(pid)], user=self.spec.user)
+        except Exception as e:
+            log.warning("could not kill processes in %s: %s", self.id, e)
+
+    def _kill_others(self, keep_shell: bool = True) -> None:
+        shell = self._host_shell_pid() if self._cgroup else None
+        if self._cgroup is not None and (shell is not None or not keep_shell):
+            keep = {shell} if keep_shell else set()
+            try:
+                self._cgroup.kill(lambda parents: set(parents) - self._main_pid(parents) - keep)
+                return
+            except OSError as e:
+                log.warning("cgroup kill in %s failed (%s); killing from inside", self.id, e)
+        try:  # from inside: everything but init, the container's command and the shell
+            self.container.exec_run(["bash", "-c", _KILL_OTHERS, "kill",
+                                     str(self._shell_pid if keep_shell and self._shell_pid else 0)],
+                                    user=self.spec.user)
+        except Exception as e:
+            log.warning("could not kill processes in %s: %s", self.id, e)
+
+    def _disk_full(self) -> str | None:
+        if self._disk is None:
+            return None
+        try:
+            free, (inodes, files) = self._disk.free(), self._disk.inodes()
+        except OSError:   # unmounted by someone else: the next command will say so
+            return None
+        if free < 2 ** 20:
+            return (f"the sandbox's disk limit of {_mib(self._disk.size)} is used up: writes fail "
+                    "with 'No space left on device'")
+        if inodes < 16:
+            return (f"the sandbox's disk limit of {files} files (inodes) is used up: creating a file "
+                    "fails with 'No space left on device'")
+        return None
+
+    def _oom_killed(self, exit_code: int | None) -> bool:
+        if self._cgroup is not None:   # one file read: looked at after every command
+            count = self._cgroup.oom_kills()
+        elif exit_code == 137:   # killed: ask the container's own cgroup
+            try:
+                res = self.container.exec_run(["cat", "/sys/fs/cgroup/memory.events",
+                                               "/sys/fs/cgroup/memory/memory.oom_control"])
+                count = _oom_count(res.output.decode(errors="replace"))
+            except Exception as e:
+                log.debug("reading the OOM count of %s: %s", self.id, e)
+                count = None
+        else:
+            return False
+        if count is None or count <= self._ooms:
+            return False
+        self._ooms = count
+        return True
+
+    def _disk_used(self) -> int | None:
+        try:
+            listed = self.client.api.containers(all=True, size=True, filters={"id": self.container.id})
+        except Exception as e:
+            log.debug("measuring the disk of %s: %s", self.id, e)
+            return None
+        return int(listed[0].get("SizeRw") or 0) if listed else None
+
+    def _shell_exit_code(self) -> int | None:
+        try:
+            for _ in range(20):  # the engine notes the exit a moment after the socket closes
+                info = self.client.api.exec_inspect(self._exec_id)
+                if not info.get("Running"):
+                    break
+                time.sleep(0.05)
+            self.container.reload()
+        except Exception:
+            return None
+        if self.container.status != "running" or info.get("Running"):
+            return None
+        return info.get("ExitCode")
+
+    def is_alive(self) -> bool:
+        if self.closed or self._sock is None or self._sock.fileno() < 0:
+            return False
+        try:
+            self.container.reload()
+        except Exception:
+            return False
+        return self.container.status == "running"
+
+    def _dispose(self) -> None:
+        try:
+            self.container.remove(force=True)
+        except Exception as e:  # already gone, or the engine went away
+            log.debug("removing %s: %s", self.id, e)
+        if self._disk is not None and not self._disk.release():
+            log.warning("the disk of sandbox %s is still in use; `python -m containers reap` "
+                        "removes it once its container is gone", self.id)
+

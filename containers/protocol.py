@@ -1,0 +1,570 @@
+"""The sandbox protocol: what every backend speaks over its shell's streams, once.
+
+:class:`Sandbox` is the abstract sandbox (a backend supplies the transport),
+:class:`SandboxSpec` how to make one, :class:`CommandResult` what one command
+did, :class:`SandboxError` / :class:`SandboxConfigError` how a sandbox fails.
+The backends are :mod:`containers.docker_sandbox` and :mod:`containers.local_sandbox`.
+
+Protocol: each command's bytes follow a line that reads exactly that many
+bytes (``read -N``, no fork) and ``eval``-s them with stdin from ``/dev/null``
+(so a heredoc or an unbalanced quote cannot wedge the shell), calling both as
+``\builtin`` (so the agent's functions and aliases named ``eval``, ``read`` or
+``printf`` do not reach it; a function named ``builtin`` costs one timeout and a
+restarted shell) and keeping its own lines out of a ``set -x`` trace;
+afterwards the shell prints an end marker with the exit code on stdout and a
+second marker on stderr. Output beyond ``output_limit`` bytes per stream is
+dropped (the flood is still drained) and a visible marker says how much; the
+end marker is found however much comes before or after it. On timeout the
+command's whole process tree is killed; if the shell itself does not come back
+(a builtin busy loop), the shell is restarted and the result says that its
+state was reset. A command bash cannot take (a NUL byte, text that is not
+UTF-8) is not sent: its result says why, with exit code 2.
+
+Background jobs (``cmd &``) share the shell's output streams. What they print
+between two commands is reported apart, in :attr:`CommandResult.background`
+(and first in :attr:`CommandResult.output`, labelled); what they print while a
+command runs (or what one printing without pause has not finished printing after a
+quarter of a second) cannot be told apart from the command's own output.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import math
+import os
+import re
+import shlex
+import tarfile
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "nextstate/terminal:latest"
+STDOUT, STDERR = 1, 2
+
+# Kills every descendant of the shell (pid $1) but not the shell itself:
+# stop the tree first so nothing forks while we walk it, then kill it.
+_KILL_TREE = r"""
+tree() { for c in $(pgrep -P "$1" 2>/dev/null); do tree "$c"; echo "$c"; done; }
+pids=$(tree "$1"); [ -n "$pids" ] && kill -STOP $pids 2>/dev/null
+pids="$pids $(tree "$1")"; [ -n "${pids// }" ] && kill -KILL $pids 2>/dev/null
+exit 0
+"""
+
+
+def parse_size(size: str | int | None) -> int | None:
+    """Bytes in ``"2g"``, ``"64m"``, ``"512k"``, ``"1.5g"`` or an int; None stays None."""
+    if size is None or isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", str(size).lower())
+    if not m:
+        raise ValueError(f"bad size {size!r}: use bytes or a number with k, m, g or t (e.g. '2g')")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _mib(n: int | None) -> str:
+    return f"{(n or 0) / 2 ** 20:.0f} MiB"
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in GiB when whole, else MiB: "1 GiB", "512 MiB"."""
+    return f"{n // 2 ** 30} GiB" if n >= 2 ** 30 and n % 2 ** 30 == 0 else _mib(n)
+
+
+def unsendable(command: str) -> str | None:
+    """Why bash cannot be given ``command`` (a NUL byte, text that is not UTF-8), or None."""
+    if "\x00" in command:
+        return ("the command contains a NUL byte, which bash cannot hold in a command line "
+                "(write one with printf '\\0')")
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"the command contains text that is not UTF-8 ({command[e.start]!r} at index {e.start})"
+    return None
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (its container died, its shell is gone).
+
+    Environments turn this into an aborted step: it is an infrastructure
+    fault, never something the agent did wrong.
+    """
+
+
+class SandboxConfigError(SandboxError):
+    """The sandbox cannot start as specified (e.g. its image has no such user); retrying will not help."""
+
+
+@dataclass
+class SandboxSpec:
+    """How to make a sandbox. Safe by default: no network, no root, limits on.
+
+    ``user`` is a name or uid in the image; ``root`` (or ``0``) keeps Docker's
+    default capabilities, any other user has none.
+    """
+
+    image: str = DEFAULT_IMAGE
+    network: bool = False
+    user: str = "agent"
+    workdir: str = "/app"
+    env: dict[str, str] = field(default_factory=dict)
+    memory: str = "1g"
+    cpus: float = 1.0
+    pids_limit: int = 256
+    output_limit: int = 64 * 1024
+    default_timeout: float = 30.0
+    disk: str | int | None = "2g"     # the writable layer's size limit; None: no limit
+    command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+
+
+@dataclass
+class CommandResult:
+    """What one command did."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    elapsed: float
+    timed_out: bool = False
+    truncated: bool = False
+    shell_restarted: bool = False
+    background: str = ""   # what background jobs printed since the previous command ended
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together, as a terminal would show them (background output first)."""
+        text = self.stdout.rstrip("\n") + "\n" + self.stderr if self.stdout and self.stderr \
+            else self.stdout or self.stderr
+        if self.background:
+            text = f"[background jobs printed:]\n{self.background.rstrip(chr(10))}\n[end of background output]\n" + text
+        return text
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Capped:
+    """One stream of one command: the first ``limit`` bytes before its end marker, the exit
+    code after it, and whatever came after that (output of background jobs).
+
+    The marker is looked for in every chunk plus the few bytes kept back from the one
+    before, so no flood before or after it can push it out of sight.
+    """
+
+    def __init__(self, limit: int | None, marker: bytes, with_code: bool):
+        self.limit = limit
+        self.end = re.compile(re.escape(marker) + (rb"(-?\d+)\x1e" if with_code else b""))
+        self.keep = len(marker) + 8   # the longest end that can straddle two chunks
+        self.body = bytearray()
+        self.pending = b""
+        self.late = bytearray()       # after the end marker
+        self.dropped = 0
+        self.code: int | None = None
+        self.finished = False
+
+    def feed(self, data: bytes) -> None:
+        if self.finished:
+            self.late += data
+            return
+        data = self.pending + data
+        m = self.end.search(data)
+        if m:
+            self._keep(data[:m.start()])
+            self.code = int(m.group(1)) if m.groups() else None
+            self.late += data[m.end():]
+            self.pending, self.finished = b"", True
+        else:
+            cut = max(0, len(data) - self.keep)
+            self._keep(data[:cut])
+            self.pending = data[cut:]
+
+    def _keep(self, data: bytes) -> None:
+        room = len(data) if self.limit is None else max(0, self.limit - len(self.body))
+        self.body += data[:room]
+        self.dropped += len(data) - min(room, len(data))
+
+    def done(self) -> bool:
+        return self.finished
+
+    def text(self) -> tuple[str, int | None, bool]:
+        """Decoded text before the marker, the exit code after it, truncated?"""
+        if not self.finished:  # timed out or restarted: what was kept back is output too
+            self._keep(self.pending)
+            self.pending = b""
+        text = bytes(self.body).decode("utf-8", errors="replace")
+        if self.dropped > 0:
+            text += f"\n[... output truncated: {self.dropped} more bytes not shown ...]\n"
+        return text, self.code, self.dropped > 0
+
+
+def _command_line(nonce: str, body: bytes) -> bytes:
+    """What the shell is sent for one command: the line that runs it, then its bytes.
+
+    `read -N` takes the command's exact bytes off the stream: no fork needed, so a
+    sandbox whose pids are exhausted still answers. `\\builtin` passes by the agent's
+    functions and aliases of the same names. The command runs with the agent's -x/-v
+    (kept in __ns_x); the group after it turns them off with its own trace sent to
+    /dev/null, so a `set -x` shows the command's lines, never the protocol's. Then it
+    prints the end markers ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on
+    stdout, ``\\x1e<nonce>!`` on stderr.
+    """
+    return (
+        f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
+        f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
+        "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
+        f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
+    ).encode() + body
+
+
+@dataclass(slots=True)
+class _Wait:
+    """Where the wait for one command's end stands, and what happened on the way."""
+
+    deadline: float
+    next_kill: float = math.inf
+    next_disk: float = math.inf
+    timed_out: bool = False
+    restarted: bool = False
+    rc_exit: int | None = None     # the shell exited (``exit``) with this status
+    disk_full: int | None = None   # bytes written when the watchdog found the disk limit passed
+
+
+class Sandbox(ABC):
+    """One isolated machine with a persistent shell.
+
+    Subclasses provide the transport (:meth:`_open_shell`, :meth:`_send`,
+    :meth:`_recv`, :meth:`_close_shell`, :meth:`_kill_tree`); the protocol,
+    output capping, timeouts and file transfer live here once.
+    """
+
+    backend: str = "abstract"
+    disk_check_every: float = 2.0   # seconds between disk measurements when commands are short
+    disk_check_running: float = 0.2  # seconds between disk measurements while a command runs
+    kill_grace: float = 1.5         # after a timeout's kill, seconds before the shell is restarted
+
+    def __init__(self, spec: SandboxSpec):
+        self.spec = spec
+        self.id = uuid.uuid4().hex[:12]
+        self._shell_pid: int | None = None
+        self.closed = False
+        self._in_flight = False                    # a command was sent and not seen to end
+        self._late: list[bytes] = []               # background output after the last end marker
+        self._disk_limit = parse_size(spec.disk)
+        self._disk_checked = 0.0
+
+    # -- transport, per backend ------------------------------------------------
+    @abstractmethod
+    def _open_shell(self) -> None: ...
+
+    @abstractmethod
+    def _send(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
+        """Chunks ``(stream, bytes)`` read within ``timeout``; ``None`` at EOF."""
+
+    @abstractmethod
+    def _close_shell(self) -> None: ...
+
+    @abstractmethod
+    def _kill_tree(self, pid: int) -> bool | None:
+        """Kill every descendant of process ``pid`` (the shell), not ``pid`` itself.
+
+        True: the sandbox was out of pids (a fork bomb), so the shell may be stuck retrying a
+        fork and is best restarted at once."""
+
+    def _kill_others(self, keep_shell: bool = True) -> None:
+        """Kill every process of the sandbox but its init (and its shell when ``keep_shell``).
+
+        Default: the shell's descendants (a backend that sees more kills more).
+        """
+        if self._shell_pid:
+            self._kill_tree(self._shell_pid)
+
+    def _disk_used(self) -> int | None:
+        """Bytes written to the sandbox's disk, when a watchdog must measure them; else None."""
+        return None
+
+    def _disk_full(self) -> str | None:
+        """What a disk whose limits the kernel enforces has used up (its space or its inodes:
+        writers got ENOSPC), as a sentence for the result; None while it has room."""
+        return None
+
+    def _oom_killed(self, exit_code: int | None) -> bool:
+        """Whether the kernel's OOM killer killed a process of the sandbox since the last look."""
+        return False
+
+    @abstractmethod
+    def _shell_exit_code(self) -> int | None:
+        """The shell's exit status if it ended while the sandbox lives on, else None."""
+
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @abstractmethod
+    def _dispose(self) -> None:
+        """Remove what the backend made (the container, the scratch directory)."""
+
+    def close(self) -> None:
+        """End the shell and remove the sandbox. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        self._close_shell()
+        self._dispose()
+
+    # -- the protocol ----------------------------------------------------------
+    def _start_shell(self) -> None:
+        self._open_shell()
+        self._in_flight = False
+        res = self._exchange("echo $$", timeout=20, limit=None)
+        try:
+            self._shell_pid = int(res.stdout.strip())
+        except ValueError as e:
+            raise SandboxError(f"sandbox shell did not start: {res.output[:500]!r}") from e
+
+    def run(self, command: str, timeout: float | None = None) -> CommandResult:
+        """Run ``command`` in the persistent shell, as if typed into a terminal.
+
+        Never raises for anything the command does (errors, floods, hangs):
+        those come back in the result. Raises :class:`SandboxError` only when
+        the sandbox itself is gone, and ``ValueError`` for a ``timeout`` that
+        is not a positive finite number.
+        """
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        timeout = self.spec.default_timeout if timeout is None else timeout
+        try:
+            seconds = float(timeout)
+        except (TypeError, ValueError, OverflowError):
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
+        problem = unsendable(command)
+        if problem:
+            return CommandResult("", f"nextstate: {problem}; the command was not run.\n", 2, 0.0)
+        if self._in_flight:  # an earlier exchange was cut short: its output would leak into this one
+            log.warning("sandbox %s: the previous command did not finish cleanly; restarting its shell",
+                        self.id)
+            self._restart_shell()
+        return self._exchange(command, seconds, self.spec.output_limit)
+
+    def _background_output(self, limit: int | None) -> str:
+        """What background jobs printed since the last end marker (read without waiting)."""
+        parts, self._late = self._late, []
+        stop = time.monotonic() + 0.25   # a job printing without pause cannot hold the next command up
+        wait, quiet = 0.0, 0                # a quiet shell costs one look; a talking one, until it pauses
+        while time.monotonic() < stop and quiet < 2:
+            chunks = self._recv(wait)
+            if chunks is None or (not chunks and wait == 0.0):
+                break
+            quiet = 0 if chunks else quiet + 1
+            parts += [data for _, data in chunks]
+            wait = 0.01
+        late = b"".join(parts)
+        if limit is not None and len(late) > limit:
+            return late[:limit].decode("utf-8", errors="replace") + \
+                f"\n[... {len(late) - limit} more bytes not shown ...]"
+        return late.decode("utf-8", errors="replace")
+
+    def _exchange(self, command: str, timeout: float, limit: int | None) -> CommandResult:
+        """One round trip: send ``command``, read both streams up to their end markers and say
+        what cut it short. ``limit`` caps each stream (None: the sandbox's own commands, the
+        shell's start and file transfers: uncapped, no disk watchdog, no disk or memory notes)."""
+        nonce = uuid.uuid4().hex[:10]
+        line = _command_line(nonce, command.encode())
+        background = self._background_output(limit)
+        out = _Capped(limit, f"\n\x1e{nonce}:".encode(), True)
+        err = _Capped(limit, f"\x1e{nonce}!".encode(), False)
+        start = time.monotonic()
+        self._in_flight = True
+        try:
+            self._send(line)
+        except OSError as e:
+            raise self._gone(e) from e
+        wait = self._await_end(out, err, start, timeout, self._disk_limit is not None and limit is not None)
+        if not wait.restarted:
+            self._in_flight = False
+            self._late = [bytes(out.late), bytes(err.late)]
+        elapsed = time.monotonic() - start
+        stdout, rc, t1 = out.text()
+        stderr, _, t2 = err.text()
+        notes, rc = self._notes(wait, rc, timeout, limit)
+        return CommandResult(stdout, stderr + notes, 124 if rc is None else rc, elapsed,
+                             wait.timed_out, t1 or t2, wait.restarted, background)
+
+    def _await_end(self, out: _Capped, err: _Capped, start: float, timeout: float, watch: bool) -> _Wait:
+        """Feed ``out`` and ``err`` until both saw their end marker, killing the command past its
+        deadline and, with ``watch``, measuring the disk meanwhile; what happened comes back."""
+        wait = _Wait(start + timeout)
+        if watch:
+            wait.next_disk = (start if start - self._disk_checked >= self.disk_check_every else
+                              start + self.disk_check_running)
+        while not (out.done() and err.done()):
+            now = time.monotonic()
+            if now >= wait.deadline and self._overdue(wait, now):
+                break
+            if now >= wait.next_kill and self._shell_pid and self._kill_command(wait, self._shell_pid):
+                break
+            if now >= wait.next_disk:
+                self._check_disk(wait)
+            wake = min(wait.deadline, wait.next_kill, wait.next_disk)
+            chunks = self._recv(max(0.001, wake - now) if wait.timed_out else max(0.001, min(wake - now, 1.0)))
+            if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
+                self._shell_ended(wait)
+                break
+            for stream, data in chunks:
+                (out if stream == STDOUT else err).feed(data)
+        return wait
+
+    def _overdue(self, wait: _Wait, now: float) -> bool:
+        """The deadline passed: the first time, the command timed out (kill it, allow
+        ``kill_grace``); the second, the shell itself is stuck (a builtin loop): restart it
+        and stop waiting (True)."""
+        if wait.timed_out:
+            self._restart_shell()
+            wait.restarted = True
+            return True
+        wait.timed_out = True
+        wait.deadline, wait.next_kill = now + self.kill_grace, now
+        return False
+
+    def _kill_command(self, wait: _Wait, shell: int) -> bool:
+        """Kill the command's processes (the descendants of ``shell``); repeated while the rest of
+        its line runs. True: the sandbox was out of pids, so the shell was restarted (stop waiting)."""
+        if self._kill_tree(shell):
+            self._restart_shell()
+            wait.restarted = True
+            return True
+        wait.next_kill = time.monotonic() + 0.25
+        return False
+
+    def _check_disk(self, wait: _Wait) -> None:
+        """The watchdog's look at the disk: past the limit, kill the writers."""
+        used = self._disk_used()
+        self._disk_checked = time.monotonic()
+        wait.next_disk = self._disk_checked + self.disk_check_running
+        if used is not None and used > self._disk_limit:  # type: ignore[operator]
+            wait.disk_full = used
+            self._kill_others()
+
+    def _shell_ended(self, wait: _Wait) -> None:
+        """The shell's streams ended: after ``exit`` a new shell starts; a dead sandbox raises."""
+        code = self._shell_exit_code()
+        if code is None:
+            raise self._gone(None)
+        self._close_shell()
+        self._start_shell()
+        wait.restarted, wait.rc_exit = True, code
+
+    def _notes(self, wait: _Wait, rc: int | None, timeout: float, limit: int | None) -> tuple[str, int | None]:
+        """The lines stderr gets for what cut the command short or what it ran into (its timeout,
+        the disk or memory limit, a new shell), and the exit code that makes it."""
+        notes = ""
+        if wait.timed_out:
+            notes += f"\n[command timed out after {timeout:g}s and was killed]\n"
+            rc = 124 if rc is None or rc == 0 else rc
+        if wait.disk_full is not None:
+            notes += (f"\n[ENOSPC: the sandbox's disk limit of {_mib(self._disk_limit)} is used up "
+                      f"({_mib(wait.disk_full)} written); the processes writing were killed. "
+                      "Delete files to free space.]\n")
+            rc = 28 if rc is None or rc == 0 else rc   # 28: ENOSPC
+        elif limit is not None and (full := self._disk_full()):
+            notes += f"\n[ENOSPC: {full}. Delete files to free space.]\n"
+        if limit is not None and self._oom_killed(rc):
+            notes += (f"\n[out of memory (limit {_size(parse_size(self.spec.memory) or 0)}): the kernel "
+                      "killed a process of the sandbox. Use less memory.]\n")
+        if wait.rc_exit is not None:
+            rc = wait.rc_exit
+            notes += "[the shell exited; a new one was started: cwd and environment were reset]\n"
+        elif wait.restarted:
+            notes += "[the shell did not respond and was restarted: cwd and environment were reset]\n"
+        return notes, rc
+
+    def _restart_shell(self) -> None:
+        """A new shell; every other process (background jobs included) is killed."""
+        self._kill_others(keep_shell=False)
+        self._close_shell()
+        self._start_shell()
+
+    def _gone(self, cause: BaseException | None) -> SandboxError:
+        why = f": {cause}" if cause else ""
+        return SandboxError(f"sandbox {self.id} ({self.backend}) stopped answering{why}")
+
+    # -- files -----------------------------------------------------------------
+    def _internal(self, command: str, timeout: float = 120) -> CommandResult:
+        res = self._exchange(command, timeout, None)
+        if res.exit_code != 0:
+            raise SandboxError(f"sandbox {self.id}: {command.split()[0]} failed: {res.stderr[-500:]}")
+        return res
+
+    @staticmethod
+    def _quoted(path: str) -> str:
+        """``path`` quoted for the shell; ``ValueError`` for one bash cannot hold (a NUL byte)."""
+        path = str(path)
+        problem = "a path cannot hold a NUL byte" if "\x00" in path else unsendable(path)
+        if problem:
+            raise ValueError(f"bad path {path[:200]!r}: {problem.replace('the command', 'it')}")
+        return shlex.quote(path)
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        """Create or replace ``path`` (relative paths are under the workdir); ``ValueError``
+        for a path holding a NUL byte."""
+        raw = data.encode() if isinstance(data, str) else data
+        q = self._quoted(path)
+        b64 = base64.b64encode(raw).decode()
+        self._internal(f"mkdir -p \"$(dirname {q})\" && printf %s {b64} | base64 -d > {q} "
+                       f"&& chmod {mode:o} {q}")
+
+    def read_file(self, path: str) -> bytes:
+        """Bytes of ``path``; raises ``FileNotFoundError`` when it does not exist."""
+        q = self._quoted(path)
+        res = self._exchange(f"test -f {q} && base64 -w0 {q}", 120, None)
+        if res.exit_code != 0:
+            raise FileNotFoundError(f"{path} (in sandbox {self.id})")
+        return base64.b64decode(res.stdout.strip())
+
+    def copy_in(self, host_path: str | os.PathLike, sandbox_path: str) -> None:
+        """Copy a host file or directory's contents into ``sandbox_path``."""
+        q = self._quoted(sandbox_path)
+        buf = io.BytesIO()
+        src = Path(host_path)
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            if src.is_dir():
+                for child in sorted(src.iterdir()):
+                    tar.add(child, arcname=child.name)
+            else:
+                tar.add(src, arcname=src.name)
+        b64 = base64.b64encode(buf.getvalue()).decode()
+        self._internal(f"mkdir -p {q} && printf %s {b64} | base64 -d | tar -xz --no-same-owner -C {q}")
+
+    def copy_out(self, sandbox_path: str, host_path: str | os.PathLike) -> None:
+        """Copy ``sandbox_path`` (a directory's contents, or a file) to the host."""
+        q = self._quoted(sandbox_path)
+        res = self._internal(
+            f"if [ -d {q} ]; then tar -cz -C {q} . | base64 -w0; "
+            f"else tar -cz -C \"$(dirname {q})\" \"$(basename {q})\" | base64 -w0; fi")
+        dest = Path(host_path)
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(res.stdout.strip())), mode="r:gz") as tar:
+            tar.extractall(dest, filter="data")
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} image={self.spec.image}>"
