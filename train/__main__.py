@@ -31,7 +31,7 @@ import yaml  # noqa: E402
 
 from nextstate.agents.tiny import PRESETS  # noqa: E402
 from nextstate.envs import registry  # noqa: E402
-from nextstate.train.config import Config, ConfigError, load_config, policy_roles  # noqa: E402
+from nextstate.train.config import Config, ConfigError, judge_overrides, load_config, policy_roles  # noqa: E402
 
 PROBE_TIMEOUT = 5.0
 JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
@@ -82,12 +82,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     if args.output:
         out.append(f"run.output={args.output}")
     if args.judge:
-        if args.judge.startswith(("http://", "https://")):
-            out += ["judge.mode=url", f"judge.url={args.judge}"]
-        elif args.judge in ("policy", "rules", "none"):
-            out.append(f"judge.mode={args.judge}")
-        else:
-            raise ConfigError(f"--judge must be policy, rules, none or an http(s):// URL, got {args.judge!r}")
+        out += judge_overrides(args.judge)
     return out
 
 

@@ -72,6 +72,7 @@ class JudgeConfig:
     url: str | None = None
     model: str | None = None          # model name at the URL (default: the first /v1/models entry)
     votes: int = 1                    # m
+    hints: bool = False               # an LLM judge also asks for a hindsight hint (recorded with its votes)
     temperature: float = 0.6
     max_tokens: int = 1024
     weight: float = 1.0               # c in R_t = o + c * mean(votes)
@@ -284,6 +285,17 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
     return out
+
+
+def judge_overrides(spec: str, flag: str = "--judge") -> list[str]:
+    """The ``judge.*`` overrides a command line's judge stands for: ``policy``, ``rules``, ``none``,
+    or an OpenAI-compatible URL (``judge.mode=url`` and ``judge.url``); else a :class:`ConfigError`
+    that names ``flag``."""
+    if spec.startswith(("http://", "https://")):
+        return ["judge.mode=url", f"judge.url={spec}"]
+    if spec in ("policy", "rules", "none"):
+        return [f"judge.mode={spec}"]
+    raise ConfigError(f"{flag} must be policy, rules, none or an http(s):// URL, got {spec!r}")
 
 
 def load_config(env: str, path: str | Path | None = None, overrides: list[str] | None = None,

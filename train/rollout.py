@@ -499,9 +499,10 @@ def make_envs(cfg: Config, pool_size: int | None = None,
     return pool, factory, tasks
 
 
-def make_judge(cfg: Config, policy: Any) -> Any:
+def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
     """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
-    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``)."""
+    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``). ``templates``: the
+    judge prompts of families with none registered (:class:`~judges.prm.StepJudge`'s)."""
     j = cfg.judge
     if j.mode == "none":
         return None
@@ -512,12 +513,14 @@ def make_judge(cfg: Config, policy: Any) -> Any:
     if j.mode == "url":
         from nextstate.agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
-    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
+    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
+                     templates=templates)
 
 
-def make_hinter(cfg: Config, policy: Any) -> Any:
+def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
     """The hint source ``cfg.opd`` asks for (None in mode ``rl``): ``rules``, or an LLM judge
-    on judge.url's server when judge.mode is ``url``, else on ``policy``."""
+    on judge.url's server when judge.mode is ``url``, else on ``policy`` (``templates``: as
+    :func:`make_judge`'s)."""
     if cfg.opd.mode == "rl":
         return None
     if cfg.opd.hint_source == "rules":
@@ -529,4 +532,4 @@ def make_hinter(cfg: Config, policy: Any) -> Any:
     if j.mode == "url":
         from nextstate.agents.openai_policy import OpenAIPolicy
         backend = OpenAIPolicy(j.url, model=j.model)
-    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens)
+    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)
