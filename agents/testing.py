@@ -6,6 +6,8 @@
   client, retry, judge and loop code is exercised over a real socket.
 * :class:`ScriptedPolicy` -- a :class:`~agents.policy.Policy` that stands in
   for a model: it answers from a script after a fixed delay.
+* :func:`taught_policy` -- the tiny model overfit on a script: a real model
+  (served by path, trained, saved) that writes the scripted answers.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nextstate.agents.policy import Generation, Policy
+
+if TYPE_CHECKING:
+    from nextstate.agents.hf_policy import HFPolicy
 
 
 @dataclass
@@ -240,3 +245,32 @@ class ScriptedPolicy(Policy):
         uniform = -math.log(len(self.tokenizer))
         return Generation(text=text, prompt_ids=prompt, response_ids=response,
                           logprobs=[uniform] * len(response), ids_from_server=True)
+
+
+def taught_policy(script: list[tuple[list[dict], str]], tools: list[dict] | None = None, *,
+                  max_new_tokens: int = 48, steps: int = 120) -> "HFPolicy":
+    """The tiny model overfit on ``script`` (pairs of messages and the answer to write after them,
+    with ``tools``), so that it writes each answer, greedily: a stand-in for a model that follows
+    a task (the untaught tiny model writes no tool call). ``steps`` Adam steps (lr 1e-2) on the
+    pairs in turn, each answer followed by ``<|im_end|>``."""
+    import torch
+
+    from nextstate.agents.hf_policy import HFPolicy
+
+    policy = HFPolicy("tiny", max_new_tokens=max_new_tokens)
+    tok, model = policy.tokenizer, policy.model
+    rows = []
+    for messages, text in script:
+        prompt = policy.prompt_ids(messages, tools)
+        answer = tok.encode(f"{text}<|im_end|>", add_special_tokens=False)
+        labels = [-100] * len(prompt) + answer
+        rows.append((torch.tensor([prompt + answer]), torch.tensor([labels])))
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        ids, labels = rows[step % len(rows)]
+        opt.zero_grad()
+        model(input_ids=ids, labels=labels).loss.backward()
+        opt.step()
+    model.eval()
+    return policy

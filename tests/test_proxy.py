@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from nextstate.agents.hf_policy import HFPolicy
+from nextstate.agents.testing import taught_policy
 from nextstate.judges.rules import RuleJudge, rule_vote, text_state
 from nextstate.train.config import Config
 from nextstate.train.proxy import ProxyTrainer, TrainingProxy, serving, split_tool_calls
@@ -255,24 +256,9 @@ def _taught_policy(arguments: dict | None = None, contexts: list[list[dict]] | N
                    tools: list[dict] = TOOLS) -> HFPolicy:
     """The tiny model overfit on one bash tool call after each of ``contexts`` (with ``tools``),
     so that it writes one."""
-    policy = HFPolicy("tiny", max_new_tokens=48)
-    tok, model = policy.tokenizer, policy.model
     call = json.dumps({"name": "bash", "arguments": arguments or {"cmd": "ls"}})
-    answer = tok.encode(f"<tool_call>{call}</tool_call><|im_end|>", add_special_tokens=False)
-    rows = []
-    for messages in contexts or [[{"role": "user", "content": "list the files"}]]:
-        prompt = policy.prompt_ids(messages, tools)
-        labels = [-100] * len(prompt) + answer
-        rows.append((torch.tensor([prompt + answer]), torch.tensor([labels])))
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for step in range(120):
-        ids, labels = rows[step % len(rows)]
-        opt.zero_grad()
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-    model.eval()
-    return policy
+    contexts = contexts or [[{"role": "user", "content": "list the files"}]]
+    return taught_policy([(messages, f"<tool_call>{call}</tool_call>") for messages in contexts], tools)
 
 
 def test_tool_calls_plain_streamed_and_sent_back(tmp_path):
