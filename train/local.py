@@ -33,8 +33,8 @@ from nextstate.train.batch import build_batch, rollout_metrics
 from nextstate.train.config import Config, ConfigError, policy_roles
 from nextstate.train.learner import Learner
 from nextstate.train.metrics import MetricsLog
-from nextstate.train.rollout import (agent_measures, chat_config, collect, heldout, load_tasks, make_envs, make_hinter,
-                           make_judge, role_router)
+from nextstate.train.rollout import agent_measures, collect, heldout
+from nextstate.train.wiring import chat_config, load_tasks, make_envs, make_hinter, make_judge, role_router
 
 
 Rollout = Callable[[int], Awaitable[list[Trajectory]]]
