@@ -286,8 +286,7 @@ class LocalTrainer:
         meta = {"data_position": step * self.cfg.rollout.tasks_per_step, "config": self.cfg.to_dict()}
         parts = {(m.name if self.several else ""): (m.learner.model, m.policy.tokenizer,
                                                       m.learner.optimizer.state_dict()) for m in self.members}
-        return checkpoint.save(self.output, step, None, None, None, meta, keep=self.cfg.run.keep_checkpoints,
-                               members=parts)
+        return checkpoint.save(self.output, step, parts=parts, meta=meta, keep=self.cfg.run.keep_checkpoints)
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
