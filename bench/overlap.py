@@ -54,7 +54,7 @@ def tiny(episodes: int) -> tuple[Callable, Callable, dict, Callable[[], None]]:
     from nextstate.train.batch import build_batch
     from nextstate.train.config import load_config
     from nextstate.train.learner import Learner
-    from nextstate.train.rollout import make_envs
+    from nextstate.train.wiring import make_envs
 
     cfg = load_config("toolcall", cpu_demo=True, overrides=[
         "env.sandbox_backend=local", f"rollout.parallel={episodes}", "advantage.drop_constant=false",

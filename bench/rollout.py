@@ -3,7 +3,7 @@
 ``python -m bench.rollout --json`` prints one JSON object. Real terminal
 episodes run through the agent loop (:func:`train.rollout.collect`) on the
 Docker sandbox pool, wired as ``python -m train`` wires them
-(:func:`train.rollout.make_envs`, :func:`train.rollout.make_judge`): a
+(:func:`train.wiring.make_envs`, :func:`train.wiring.make_judge`): a
 local model (``--model``, default ``tiny``) acts on CPU, and the same local
 policy judges every step (``judge.mode=policy``, the default judge timeout).
 Each level runs ``max(level, --min-episodes)`` episodes of at most
@@ -51,7 +51,8 @@ from bench import report
 from bench.judge import settle
 from nextstate.train.batch import trainable
 from nextstate.train.config import load_config
-from nextstate.train.rollout import chat_config, collect, make_envs, make_judge, single_role
+from nextstate.train.rollout import collect, single_role
+from nextstate.train.wiring import chat_config, make_envs, make_judge
 
 
 def busy_cpu_s() -> float | None:

@@ -129,13 +129,13 @@ def test_a_half_deleted_checkpoint_is_cleaned_up(tmp_path):
 
     model, tok = load_tiny(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    checkpoint.save(tmp_path, 1, model, tok, opt.state_dict(), {}, keep=1)
+    checkpoint.save(tmp_path, 1, parts={"": (model, tok, opt.state_dict())}, meta={}, keep=1)
     # a deletion interrupted after meta.json went: weights stranded, no longer a checkpoint
     stranded = tmp_path / "checkpoints" / "step_000000"
     (stranded / "model").mkdir(parents=True)
     (stranded / "model" / "model.safetensors").write_bytes(b"\0" * 4096)
     assert checkpoint.latest(tmp_path).name == "step_000001"
-    checkpoint.save(tmp_path, 2, model, tok, opt.state_dict(), {}, keep=1)
+    checkpoint.save(tmp_path, 2, parts={"": (model, tok, opt.state_dict())}, meta={}, keep=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000002"]
 
 

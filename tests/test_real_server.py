@@ -122,5 +122,5 @@ def test_train_and_evaluate_need_the_model_name_here(server, tmp_path, capsys):
     assert evaluate_main(["--env", "terminal", "--policy", server["url"], "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "GET /models failed (HTTP 500" in err and err.endswith("set --model=<the served model's name>")
-    from nextstate.train.__main__ import probe_server
+    from nextstate.train.wiring import probe_server
     assert probe_server(server["url"], server["model"], "judge.model") == server["model"]

@@ -198,7 +198,7 @@ def test_task_image_cache_follows_the_resolved_base(terminal_image: str, tmp_pat
 
 def test_training_config_sets_user_and_tmux() -> None:
     from nextstate.train.config import load_config
-    from nextstate.train.rollout import env_kwargs
+    from nextstate.train.wiring import env_kwargs
     assert env_kwargs(load_config("terminal")) == {}
     cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
     assert env_kwargs(cfg) == {"user": "root", "tmux": True}

@@ -258,7 +258,7 @@ def test_make_envs_starts_no_shared_pool_for_tasks_with_their_own_images(tmp_pat
     """Warm sandboxes of the family image would sit idle next to tasks with Dockerfiles; each
     such task's sandbox starts with its episode and is not replaced ahead of the next one."""
     from nextstate.train.config import load_config
-    from nextstate.train.rollout import make_envs
+    from nextstate.train.wiring import make_envs
     img_dir = make_task(tmp_path, "nstest-marker", dockerfile=(
         "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\nRUN echo built > /app/marker\n"))
     cfg = load_config("terminal", overrides=[f"env.tasks={img_dir}", "rollout.parallel=2"])

@@ -61,7 +61,7 @@ def test_checkpoints_are_atomic_and_resume_from_the_last_complete_one(tmp_path):
     opt.step()
     random.seed(5)
     np.random.seed(5)
-    first = checkpoint.save(tmp_path, 2, model, tok, opt.state_dict(), {"data_position": 4})
+    first = checkpoint.save(tmp_path, 2, parts={"": (model, tok, opt.state_dict())}, meta={"data_position": 4})
     expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     # a run killed mid-save leaves a half-written temporary directory behind
     half = tmp_path / "checkpoints" / ".tmp-step_000004-deadbeef"
@@ -77,7 +77,7 @@ def test_checkpoints_are_atomic_and_resume_from_the_last_complete_one(tmp_path):
     assert fresh.state_dict()["state"][0]["step"] == 1
     # the next save clears the leftovers; old checkpoints beyond `keep` go
     for step in (3, 4, 5):
-        checkpoint.save(tmp_path, step, model, tok, opt.state_dict(), {}, keep=2)
+        checkpoint.save(tmp_path, step, parts={"": (model, tok, opt.state_dict())}, meta={}, keep=2)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step_000004", "step_000005"]
 

@@ -91,7 +91,7 @@ async def test_agent_loop_plays_an_episode_and_returns_one_output_per_step(tmp_p
     cfg, config = _loop_config(tmp_path)
     server = TinyServer()
     loop = _make_loop(config, server, server.tokenizer)
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
     task = load_tasks(cfg)[0]
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     outputs = await loop.run(params, raw_prompt=[{"role": "user", "content": task.instruction}],
@@ -118,7 +118,7 @@ async def test_agent_loop_plays_an_episode_and_returns_one_output_per_step(tmp_p
 async def test_agent_loop_runs_tools_in_sandboxes_and_scores_the_outcome(tmp_path):
     cfg, config = _loop_config(tmp_path, **{"judge.mode": "none", "env.max_steps": 3,
                                             "rollout.max_response_tokens": 128})
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
     task = load_tasks(cfg)[0]
     answers = ['<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>',
                '<tool_call>{"name": "answer", "arguments": {"answer": "\\\\boxed{%s}"}}</tool_call>'
@@ -155,7 +155,7 @@ def test_plugin_entry_point_registers_agent_loop_and_trainer(tmp_path):
 
 
 async def test_one_step_judge_per_worker_process_not_per_episode(tmp_path, monkeypatch):
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
     from nextstate.train.verl_backend import agent_loop
     made = []
     real = agent_loop.make_judge
@@ -296,7 +296,7 @@ def test_heldout_on_verl_scores_and_logs_like_the_local_evaluation(tmp_path):
     in rollouts.jsonl marked held-out at their step, and ``eval/weights_step`` is the server's step."""
     import json
 
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
 
     cfg, _ = _loop_config(tmp_path, **{"judge.mode": "none", "env.max_steps": 1, "eval.tasks": EVAL_TASKS,
                                        "rollout.max_response_tokens": 64})
@@ -335,7 +335,7 @@ async def test_under_opd_a_failed_step_returns_its_hint_and_teacher_context(tmp_
     from nextstate.agents.chat import prompt_head
     from nextstate.envs import env_class
     from nextstate.judges.hints import teacher_messages
-    from nextstate.train.rollout import chat_config, load_tasks
+    from nextstate.train.wiring import chat_config, load_tasks
     from nextstate.train.verl_backend.agent_loop import ServerPolicy
 
     cfg, config = _loop_config(tmp_path, **{"judge.mode": "none", "opd.mode": "combine", "opd.hint_source": "rules",

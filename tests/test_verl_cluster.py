@@ -309,7 +309,7 @@ def test_two_nodes_each_on_its_own_engine_reaped_merged_and_surviving_an_engine_
     import ray
 
     from nextstate.train.config import load_config
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
     from nextstate.train.verl_backend import RUN_ENV
     from nextstate.train.verl_backend.launch import compose
     from nextstate.train.verl_backend.nodes import clean_cluster, processes_with, run_processes

@@ -163,7 +163,7 @@ def test_task_data_is_what_verls_dataset_reads(tmp_path):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from nextstate.agents.tiny import load_tokenizer
-    from nextstate.train.rollout import load_tasks
+    from nextstate.train.wiring import load_tasks
     from nextstate.train.verl_backend.launch import data_path, write_task_data
 
     cfg = load_config("toolcall", overrides=[f"run.output={tmp_path}", "verl.n_gpus_per_node=1"])

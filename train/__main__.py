@@ -32,9 +32,7 @@ import yaml  # noqa: E402
 from nextstate.agents.tiny import PRESETS  # noqa: E402
 from nextstate.envs import registry  # noqa: E402
 from nextstate.train.config import Config, ConfigError, judge_overrides, load_config, policy_roles  # noqa: E402
-
-PROBE_TIMEOUT = 5.0
-JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
+from nextstate.train.wiring import check_model, probe_judge, probe_server  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,89 +82,6 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     if args.judge:
         out += judge_overrides(args.judge)
     return out
-
-
-def check_model(name: str) -> None:
-    """A local model path must exist and hold an HF config; hub names are checked at load."""
-    if name in PRESETS:
-        return
-    if name.startswith(("http://", "https://")):
-        raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
-                          f"({name}); a server URL can be the judge: --judge {name}")
-    path = Path(name).expanduser()
-    looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1
-    if looks_local and not (path / "config.json").is_file():
-        what = "does not exist" if not path.exists() else "has no config.json"
-        raise ConfigError(f"model path {name!r} {what}")
-
-
-def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
-                 timeout: float = PROBE_TIMEOUT) -> str:
-    """The model name an OpenAI-compatible server at ``url`` serves, worked out now.
-
-    ``model`` when given (``/models`` may fail, as on ``transformers serve``),
-    else the first one ``/models`` lists. Raises :class:`ConfigError` with one
-    line that names ``key``, the setting to fill in.
-    """
-    import asyncio
-
-    import httpx
-
-    from nextstate.agents.openai_policy import OpenAIPolicy
-    from nextstate.agents.policy import PolicyError
-
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{what} {url!r} is not an http(s):// URL")
-    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=0, model_key=key)
-    try:
-        with httpx.Client(timeout=timeout) as client:   # does anything answer at all?
-            resp = client.get(policy.base_url + "/models")
-    except httpx.HTTPError as e:
-        raise ConfigError(f"{what} {url} does not answer (GET {policy.base_url}/models: "
-                          f"{type(e).__name__}: {e})") from None
-    if model is not None and resp.status_code == 200:   # a name the server lists as not served
-        try:
-            served = [str(m.get("id")) for m in resp.json().get("data") or [] if isinstance(m, dict)]
-        except ValueError:
-            served = []
-        if served and model not in served:
-            raise ConfigError(f"{url} does not serve model {model!r} (it serves: "
-                              f"{', '.join(served[:5])}); set {key}")
-
-    async def resolve() -> str:
-        try:
-            return await policy.resolve_model()
-        finally:
-            await policy.aclose()
-    try:
-        return asyncio.run(resolve())
-    except PolicyError as e:
-        raise ConfigError(str(e)) from None
-
-
-def probe_judge(url: str, model: str, timeout: float = JUDGE_PROBE_TIMEOUT) -> None:
-    """One real judge request (a short chat completion) at start: a server that answers
-    ``/models`` but not a chat (a wrong ``judge.model``, a URL that is not an OpenAI server)
-    stops the run now, with one line, instead of failing every judge call of the run."""
-    import asyncio
-
-    from nextstate.agents.openai_policy import OpenAIPolicy
-    from nextstate.agents.policy import PolicyError
-
-    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=1, request_ids=False,
-                          model_key="judge.model")
-
-    async def ask() -> list[str]:
-        try:
-            return await policy.complete([{"role": "user", "content": "Reply with \\boxed{1}."}],
-                                         n=1, temperature=0.0, max_tokens=8)
-        finally:
-            await policy.aclose()
-    try:
-        asyncio.run(ask())
-    except (PolicyError, OSError) as e:
-        raise ConfigError(f"the judge at {url} (model {model!r}) fails a chat request: {e}; "
-                          "check judge.url and judge.model") from None
 
 
 def build_config(args: argparse.Namespace) -> tuple[Config, bool]:

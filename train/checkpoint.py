@@ -54,13 +54,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_state: dict[str, Any] | None,
-         meta: dict[str, Any], keep: int = 3, members: dict[str, tuple[Any, Any, dict[str, Any]]] | None = None
-         ) -> Path:
+def save(output: str | Path, step: int, *, parts: dict[str, tuple[Any, Any, dict[str, Any] | None]],
+         meta: dict[str, Any], keep: int = 3) -> Path:
     """Write checkpoint ``step`` atomically; keep the newest ``keep``; returns its path.
 
-    ``members``: ``{name: (model, tokenizer, optimizer_state)}`` of a run with several policies,
-    each written in ``<name>/`` (``model``, ``tokenizer`` and ``optimizer_state`` are then None)."""
+    ``parts``: ``{name: (model, tokenizer, optimizer_state)}``, each written in ``<name>/``: one
+    part named ``""`` (the checkpoint's own folder) for a run of one policy, one per policy of a
+    run with several. ``meta`` goes to ``meta.json`` beside the step and the RNG states."""
     root = directory(output)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(TMP_PREFIX + "*"):   # leftovers of a run killed mid-save
@@ -68,7 +68,7 @@ def save(output: str | Path, step: int, model: Any, tokenizer: Any, optimizer_st
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    for name, (m, tok, opt) in (members or {"": (model, tokenizer, optimizer_state)}).items():
+    for name, (m, tok, opt) in parts.items():
         part = tmp / name
         m.save_pretrained(part / "model", safe_serialization=True)
         tok.save_pretrained(part / "model")

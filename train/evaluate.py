@@ -304,10 +304,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--model is the model's name on the server, not a URL ({args.model}); "
                          "give the URL as --policy")
     if args.policy.startswith(("http://", "https://")):
-        from nextstate.train.__main__ import probe_server
+        from nextstate.train.wiring import probe_server
         args.model = probe_server(args.policy, args.model, "--model", what="policy URL")
     elif args.policy not in ORACLE_KINDS:
-        from nextstate.train.__main__ import check_model
+        from nextstate.train.wiring import check_model
         check_model(args.policy)
 
 

@@ -33,8 +33,8 @@ from nextstate.train.batch import build_batch, rollout_metrics
 from nextstate.train.config import Config, ConfigError, policy_roles
 from nextstate.train.learner import Learner
 from nextstate.train.metrics import MetricsLog
-from nextstate.train.rollout import (agent_measures, chat_config, collect, heldout, load_tasks, make_envs, make_hinter,
-                           make_judge, role_router)
+from nextstate.train.rollout import agent_measures, collect, heldout
+from nextstate.train.wiring import chat_config, load_tasks, make_envs, make_hinter, make_judge, role_router
 
 
 Rollout = Callable[[int], Awaitable[list[Trajectory]]]
@@ -111,12 +111,32 @@ def judge_failed_everywhere(trajectories: list[Trajectory]) -> str | None:
 
 @dataclass
 class Member:
-    """One trained policy of a run: the roles it plays, its serving policy and its learner."""
+    """One trained policy of a run: the roles it plays, its serving policy and its learner.
+
+    ``part`` names it in the run's files: its folder in a checkpoint, the prefix of its metrics
+    and the ``policy`` of its advantage records. It is ``""`` for the one policy of a run without
+    ``agents``, whose files are the run's own (``step_N/model/``, unprefixed metrics)."""
 
     name: str
     roles: tuple[str, ...]
     policy: Any
     learner: Learner
+    part: str
+
+    def labels(self) -> dict[str, str]:
+        """What each of its advantage records carries besides the step's own fields."""
+        return {"policy": self.part} if self.part else {}
+
+    def logged(self, own: dict[str, Any], team: dict[str, Any], trajectories: list[Trajectory]) -> dict[str, Any]:
+        """Its metrics of a step as the run logs them, from ``own`` (its batch's and its learner's):
+        as they are when its files are the run's; else those not the ``team``'s (the episodes',
+        logged once), under ``<part>/``, with the valid-action rate of its roles' steps."""
+        if not self.part:
+            return own
+        mine = [s for t in trajectories if t.status != "aborted" for s in t.steps if s.role in self.roles]
+        return {**{f"{self.part}/{k}": v for k, v in own.items() if k not in team},
+                f"{self.part}/valid_action_rate":
+                    float(np.mean([bool(s.next_state.get("valid")) for s in mine])) if mine else 0.0}
 
 
 class LocalTrainer:
@@ -140,11 +160,11 @@ class LocalTrainer:
         if cfg.sft.steps > 0:   # supervised warm starts first, one per policy (reused when already made)
             from nextstate.train.sft import warm_starts
             starts = warm_starts(cfg, output / "warm_start", progress=progress)
-        self.several = bool(cfg.agents)
-        self.members = [self._member(name, roles, starts.get(name) or cfg.agents.get(name, cfg.model.name), ckpt)
+        self.members = [self._member(name, roles, starts.get(name) or cfg.agents.get(name, cfg.model.name), ckpt,
+                                     part=name if cfg.agents else "")
                         for name, roles in policy_roles(cfg).items()]
         if ckpt is not None:
-            meta, _ = checkpoint.load(ckpt, self.members[0].name if self.several else "")   # the RNG states
+            meta, _ = checkpoint.load(ckpt, self.members[0].part)   # the RNG states
             self.start = int(meta["step"])
         if resume:   # which step it goes on from, before the slow parts
             where = ckpt or checkpoint.directory(output)
@@ -152,7 +172,7 @@ class LocalTrainer:
                   file=sys.stderr, flush=True)
         self.env_cls = env_class(cfg.env.family)
         self.metrics = MetricsLog(output, resume_step=self.start if resume else None,
-                                  members=[m.name for m in self.members] if self.several else None,
+                                  members=[m.part for m in self.members if m.part],
                                   measures=getattr(self.env_cls, "measures", None))
         (output / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")  # for the viewer
         # every step's messages, action, next state, judge prompt, votes and hints
@@ -167,30 +187,26 @@ class LocalTrainer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()   # the run ends early: no evaluation after the step in training
 
-    def _member(self, name: str, roles: tuple[str, ...], initial: str, ckpt: Path | None) -> Member:
-        """A policy and its learner, from ``initial`` or from its part of checkpoint ``ckpt``."""
+    def _member(self, name: str, roles: tuple[str, ...], initial: str, ckpt: Path | None, *, part: str) -> Member:
+        """A policy and its learner, from ``initial`` or from its ``part`` of checkpoint ``ckpt``."""
         from nextstate.agents.hf_policy import HFPolicy
 
-        part = self._part(ckpt, name) if ckpt is not None else None
-        source = str(part / "model") if part is not None else initial
+        saved = ckpt / part if ckpt is not None else None
+        source = str(saved / "model") if saved is not None else initial
         try:
             policy = HFPolicy(source, device=self.device, dtype=self.dtype, seed=self.cfg.run.seed,
                               max_new_tokens=self.cfg.rollout.max_response_tokens)
         except OSError as e:
             raise ConfigError(f"cannot load model {source!r}: {str(e).splitlines()[0]}") from None
         reference = None
-        if part is not None and self.cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
+        if saved is not None and self.cfg.train.kl_coef > 0:   # the KL anchor stays the initial model
             anchor = HFPolicy(initial, device=self.device, dtype=self.dtype, seed=self.cfg.run.seed)
             reference = anchor.model
             asyncio.run(anchor.aclose())
         learner = Learner(policy, self.cfg, reference=reference)
-        if part is not None:
-            learner.load_state_dict(checkpoint.load_state(part))
-        return Member(name, roles, policy, learner)
-
-    def _part(self, ckpt: Path, name: str) -> Path:
-        """Where policy ``name``'s model and state are in checkpoint ``ckpt``."""
-        return ckpt / name if self.several else ckpt
+        if saved is not None:
+            learner.load_state_dict(checkpoint.load_state(saved))
+        return Member(name, roles, policy, learner, part)
 
     @property
     def policy(self) -> Any:
@@ -238,27 +254,21 @@ class LocalTrainer:
         call failed stops the run."""
         if step == self.start and (failed := judge_failed_everywhere(trajectories)):
             raise ConfigError(failed)
-        metrics: dict[str, Any] = {}
-        team = rollout_metrics(trajectories) if self.several else {}   # the team's episodes, once
+        metrics: dict[str, Any] = agent_measures(self.env_cls, self.tasks, trajectories)   # each agent's own, by role
+        team = rollout_metrics(trajectories)   # the team's episodes, once
         metrics.update(team)
-        metrics.update(agent_measures(self.env_cls, self.tasks, trajectories))   # each agent's own, by role
+        samples = 0
         for m in self.members:
             batch = build_batch(trajectories, self.cfg.advantage, weight=self.cfg.judge.weight, role=m.roles,
                                 opd=self.cfg.opd, seed=self.cfg.run.seed * 100003 + step)
             for row in batch.step_log:
-                self.advantages.record("advantage", {"train_step": step + 1, **row,
-                                                     **({"policy": m.name} if self.several else {})})
+                self.advantages.record("advantage", {"train_step": step + 1, **row, **m.labels()})
             own = dict(batch.metrics)
             own.update(m.learner.step(batch, progress=self.progress))
             m.learner.publish()
-            if not self.several:
-                metrics.update(own)
-                continue
-            metrics.update({f"{m.name}/{k}": v for k, v in own.items() if k not in team})
-            mine = [s for t in trajectories if t.status != "aborted" for s in t.steps if s.role in m.roles]
-            metrics[f"{m.name}/valid_action_rate"] = (
-                float(np.mean([bool(s.next_state.get("valid")) for s in mine])) if mine else 0.0)
-            metrics["batch/samples"] = metrics.get("batch/samples", 0) + own.get("batch/samples", 0)
+            metrics.update(m.logged(own, team, trajectories))
+            samples += own.get("batch/samples", 0)
+        metrics["batch/samples"] = samples
         if self.eval_due(step + 1) and self._loop is not None and not self._stopping.is_set():
             # runs on the event loop, with the new weights
             t0 = time.monotonic()
@@ -284,10 +294,8 @@ class LocalTrainer:
     def save(self, step: int) -> Path:
         """Checkpoint after ``step`` updates (the next step to run is ``step``)."""
         meta = {"data_position": step * self.cfg.rollout.tasks_per_step, "config": self.cfg.to_dict()}
-        parts = {(m.name if self.several else ""): (m.learner.model, m.policy.tokenizer,
-                                                      m.learner.optimizer.state_dict()) for m in self.members}
-        return checkpoint.save(self.output, step, None, None, None, meta, keep=self.cfg.run.keep_checkpoints,
-                               members=parts)
+        parts = {m.part: (m.learner.model, m.policy.tokenizer, m.learner.optimizer.state_dict()) for m in self.members}
+        return checkpoint.save(self.output, step, parts=parts, meta=meta, keep=self.cfg.run.keep_checkpoints)
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:

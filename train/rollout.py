@@ -1,5 +1,5 @@
-"""Rollouts: the agent loop, episodes as asyncio tasks judged step by step in the background,
-and the envs, pool and judge a :class:`~train.config.Config` asks for.
+"""Rollouts: the agent loop, episodes as asyncio tasks judged step by step in the background.
+(The envs, pool and judge a :class:`~train.config.Config` asks for are made in :mod:`train.wiring`.)
 
 :func:`run_episode` plays one episode in a few named steps: reset, then
 :func:`_act` (the routed policy generates) -> :func:`_step_env` (the env takes
@@ -39,13 +39,11 @@ from nextstate.agents.chat import ChatConfig, Turn, build_messages, prompt_head
 from nextstate.agents.policy import Generation, Policy, PolicyError
 from nextstate.agents.recorder import Recorder
 from nextstate.agents.trajectory import Step, Trajectory
-from nextstate.envs import env_class
 from nextstate.envs.base import INFRA_ERRORS, Observation
 from nextstate.envs.multiagent import MultiAgentEnv
 from nextstate.envs.pool import EnvCache
 from nextstate.judges.hints import teacher_messages
 from nextstate.judges.prm import JudgeRequest, JudgeResult, StepJudge
-from nextstate.train.config import Config, ConfigError, policy_roles
 
 log = logging.getLogger(__name__)
 
@@ -441,95 +439,3 @@ async def heldout(env_factory: Callable[[], Any], policies: Policy | Mapping[str
     return {"eval/success": sum((t.outcome or 0.0) > 0 for t in done) / len(done) if done else 0.0,
             "eval/outcome": sum(t.outcome or 0.0 for t in done) / len(done) if done else 0.0,
             "eval/episodes": len(done), **{f"eval/{k}": v for k, v in measures.items()}}
-
-
-def role_router(cfg: Config) -> Router | None:
-    """Who acts in a run's episodes: None when the family is a :class:`MultiAgentEnv` (the env
-    decides), else the one role of a single policy, or planner/executor for those two roles."""
-    roles = [r for rs in policy_roles(cfg).values() for r in rs]
-    if issubclass(env_class(cfg.env.family), MultiAgentEnv):
-        return None
-    if len(roles) == 1:
-        return single_role(roles[0])
-    if set(roles) == {"planner", "executor"}:
-        return planner_executor()
-    raise ConfigError(f"env {cfg.env.family} has one agent: several policies need the roles planner and "
-                      f"executor (got {', '.join(roles)})")
-
-
-def chat_config(cfg: Config) -> ChatConfig:
-    """The prompt budget and shape ``cfg.rollout`` sets, for rollouts, evaluation and warm starts."""
-    r = cfg.rollout
-    return ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
-                      max_images=r.max_images, system_prompt=r.system_prompt)
-
-
-def env_kwargs(cfg: Config) -> dict[str, Any]:
-    """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
-    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}
-
-
-def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
-    """The tasks of the configured environment, or of ``source`` (no sandbox is started)."""
-    env = env_class(cfg.env.family)(tasks=source if source is not None else cfg.env.tasks, **env_kwargs(cfg))
-    try:
-        return list(env.tasks)
-    finally:
-        env.close()
-
-
-def make_envs(cfg: Config, pool_size: int | None = None,
-              run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
-    """A shared pool of warm sandboxes (``pool_size``, default ``rollout.parallel``; ``run_id``
-    labels its sandboxes), a factory of envs leasing from it, and the env's task list.
-
-    The pool is None when every task runs in an image of its own (terminal-bench tasks with
-    a Dockerfile, SWE-bench rows). Such a task's episode starts its sandbox when it begins,
-    and none is started ahead for an image the env's next task may not use.
-    """
-    cls = env_class(cfg.env.family)
-    tasks = load_tasks(cfg)
-    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
-                         disk=cfg.env.sandbox_disk, run_id=run_id) if cls.uses_family_image(tasks) else None
-
-    def factory() -> Any:
-        return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
-                   warm=False, run_id=run_id, **env_kwargs(cfg))   # tasks loaded once, not per env
-
-    return pool, factory, tasks
-
-
-def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
-    """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
-    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``). ``templates``: the
-    judge prompts of families with none registered (:class:`~judges.prm.StepJudge`'s)."""
-    j = cfg.judge
-    if j.mode == "none":
-        return None
-    if j.mode == "rules":
-        from nextstate.judges.rules import RuleJudge
-        return RuleJudge(m=j.votes)
-    backend = policy
-    if j.mode == "url":
-        from nextstate.agents.openai_policy import OpenAIPolicy
-        backend = OpenAIPolicy(j.url, model=j.model)
-    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
-                     templates=templates)
-
-
-def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
-    """The hint source ``cfg.opd`` asks for (None in mode ``rl``): ``rules``, or an LLM judge
-    on judge.url's server when judge.mode is ``url``, else on ``policy`` (``templates``: as
-    :func:`make_judge`'s)."""
-    if cfg.opd.mode == "rl":
-        return None
-    if cfg.opd.hint_source == "rules":
-        from nextstate.judges.rules import RuleHints
-        return RuleHints()
-    from nextstate.judges.hints import HintJudge
-    j = cfg.judge
-    backend = policy
-    if j.mode == "url":
-        from nextstate.agents.openai_policy import OpenAIPolicy
-        backend = OpenAIPolicy(j.url, model=j.model)
-    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)

@@ -267,7 +267,7 @@ def warm_start(cfg: Any, output: Path, progress: bool = True, *, model: str | No
     """The warm start a run's ``sft`` section asks for, at ``output`` (reused when it was
     made with the same settings): ``model`` (default ``model.name``) fine-tuned on the steps
     of ``roles`` (default: every agent of the family)."""
-    from nextstate.train.rollout import chat_config
+    from nextstate.train.wiring import chat_config
 
     model = model or cfg.model.name
     recipe = {"model": model, "tasks": cfg.sft.tasks, "source": cfg.sft.source, "steps": cfg.sft.steps, "lr": cfg.sft.lr,

@@ -4,7 +4,7 @@
 The trainer's settings are a :class:`~train.config.Config` built as ``python -m train`` builds
 its own: the proxy's defaults, then the flags, then ``--set key=value`` overrides, validated; a
 bad one is reported on one line with exit code 2. The judge and the hint source are the ones
-the env loop makes from a config (:func:`train.rollout.make_judge`, :func:`~train.rollout.make_hinter`).
+the env loop makes from a config (:func:`train.wiring.make_judge`, :func:`~train.wiring.make_hinter`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from nextstate.train.config import Config, ConfigError, config_from_dict, judge_
 from nextstate.train.proxy.app import serve
 from nextstate.train.proxy.service import JUDGE_TEMPLATES, TrainingProxy
 from nextstate.train.proxy.trainer import ProxyTrainer
-from nextstate.train.rollout import make_hinter, make_judge
+from nextstate.train.wiring import make_hinter, make_judge
 
 MODES = ("rl", "opd", "combine")
 DEFAULTS = ["train.kl_coef=0.0",        # no reference model unless asked for (--set train.kl_coef=...)

@@ -142,8 +142,8 @@ class ProxyTrainer:
         if self.steps == self.saved or self.steps == 0:
             return None
         self.saved = self.steps
-        return checkpoint.save(self.output, self.steps, self.learner.model, self.policy.tokenizer,
-                               self.learner.optimizer.state_dict(), {"version": self.policy.version}, keep=3)
+        parts = {"": (self.learner.model, self.policy.tokenizer, self.learner.optimizer.state_dict())}
+        return checkpoint.save(self.output, self.steps, parts=parts, meta={"version": self.policy.version}, keep=3)
 
     def close(self) -> None:
         """Start no new step, let the running one finish, save a checkpoint, close the logs."""

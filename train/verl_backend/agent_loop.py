@@ -14,7 +14,7 @@ response = that step's sampled tokens, ``reward_score`` = the episode
 outcome, and the step index, role, judge vote mean, state hash and episode id in
 ``extra_fields`` for the ``nextstate`` trainer mode's advantage computation.
 Under On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``) the hint source
-of the local path (:func:`train.rollout.make_hinter`) reads each step's next state,
+of the local path (:func:`train.wiring.make_hinter`) reads each step's next state,
 and a hinted step also carries its hint and its teacher context's token ids (the
 prompt with the hint, :func:`judges.hints.teacher_messages` through this loop's chat
 template, as ``run_episode`` builds it on both backends).
@@ -51,11 +51,12 @@ from nextstate.envs.pool import EnvCache
 from nextstate.train.advantage import states_before
 from nextstate.train.batch import trainable
 from nextstate.train.config import Config, config_from_dict, policy_roles
-from nextstate.train.rollout import chat_config, make_envs, make_hinter, make_judge, role_router, run_episode
+from nextstate.train.rollout import run_episode
 from nextstate.train.verl_backend.advantage import (FIELD_ABORTED, FIELD_EPISODE, FIELD_HINT, FIELD_OUTCOME, FIELD_ROLE,
                                           FIELD_SCORE, FIELD_STATE, FIELD_STEP, FIELD_TEACHER_PROMPT, FIELD_VALID,
                                           FIELD_VOTE_MEAN)
 from nextstate.train.verl_backend import RUN_ENV
+from nextstate.train.wiring import chat_config, make_envs, make_hinter, make_judge, role_router
 
 log = logging.getLogger(__name__)
 AGENT_NAME = "nextstate"

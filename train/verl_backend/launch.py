@@ -37,7 +37,7 @@ from typing import Any
 
 from nextstate.agents.tiny import PRESETS
 from nextstate.train.config import Config, ConfigError, policy_roles
-from nextstate.train.rollout import load_tasks
+from nextstate.train.wiring import load_tasks
 from nextstate.train.verl_backend import RUN_ENV
 from nextstate.train.verl_backend.nodes import clean_cluster, clean_node
 

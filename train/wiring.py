@@ -1,0 +1,196 @@
+"""Config-to-object wiring: what a :class:`~train.config.Config` asks for, made or checked.
+
+The model checks at start (:func:`check_model`, :func:`probe_server`, :func:`probe_judge`),
+and a run's objects: who acts (:func:`role_router`), the prompt shape (:func:`chat_config`),
+the tasks, envs and sandbox pool (:func:`load_tasks`, :func:`make_envs`), the step judge
+(:func:`make_judge`) and the hint source (:func:`make_hinter`). The local and veRL backends,
+``python -m train``, ``python -m train.evaluate``, warm starts and the benchmarks share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from nextstate.agents.chat import ChatConfig
+from nextstate.agents.tiny import PRESETS
+from nextstate.envs import env_class
+from nextstate.envs.multiagent import MultiAgentEnv
+from nextstate.judges.prm import StepJudge
+from nextstate.train.config import Config, ConfigError, policy_roles
+from nextstate.train.rollout import Router, planner_executor, single_role
+
+PROBE_TIMEOUT = 5.0
+JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own timeout)
+
+
+def check_model(name: str) -> None:
+    """A local model path must exist and hold an HF config; hub names are checked at load."""
+    if name in PRESETS:
+        return
+    if name.startswith(("http://", "https://")):
+        raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
+                          f"({name}); a server URL can be the judge: --judge {name}")
+    path = Path(name).expanduser()
+    looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "has no config.json"
+        raise ConfigError(f"model path {name!r} {what}")
+
+
+def probe_server(url: str, model: str | None, key: str, what: str = "judge URL",
+                 timeout: float = PROBE_TIMEOUT) -> str:
+    """The model name an OpenAI-compatible server at ``url`` serves, worked out now.
+
+    ``model`` when given (``/models`` may fail, as on ``transformers serve``),
+    else the first one ``/models`` lists. Raises :class:`ConfigError` with one
+    line that names ``key``, the setting to fill in.
+    """
+    import httpx
+
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.agents.policy import PolicyError
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{what} {url!r} is not an http(s):// URL")
+    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=0, model_key=key)
+    try:
+        with httpx.Client(timeout=timeout) as client:   # does anything answer at all?
+            resp = client.get(policy.base_url + "/models")
+    except httpx.HTTPError as e:
+        raise ConfigError(f"{what} {url} does not answer (GET {policy.base_url}/models: "
+                          f"{type(e).__name__}: {e})") from None
+    if model is not None and resp.status_code == 200:   # a name the server lists as not served
+        try:
+            served = [str(m.get("id")) for m in resp.json().get("data") or [] if isinstance(m, dict)]
+        except ValueError:
+            served = []
+        if served and model not in served:
+            raise ConfigError(f"{url} does not serve model {model!r} (it serves: "
+                              f"{', '.join(served[:5])}); set {key}")
+
+    async def resolve() -> str:
+        try:
+            return await policy.resolve_model()
+        finally:
+            await policy.aclose()
+    try:
+        return asyncio.run(resolve())
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
+
+
+def probe_judge(url: str, model: str, timeout: float = JUDGE_PROBE_TIMEOUT) -> None:
+    """One real judge request (a short chat completion) at start: a server that answers
+    ``/models`` but not a chat (a wrong ``judge.model``, a URL that is not an OpenAI server)
+    stops the run now, with one line, instead of failing every judge call of the run."""
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.agents.policy import PolicyError
+
+    policy = OpenAIPolicy(url, model=model, timeout=timeout, max_retries=1, request_ids=False,
+                          model_key="judge.model")
+
+    async def ask() -> list[str]:
+        try:
+            return await policy.complete([{"role": "user", "content": "Reply with \\boxed{1}."}],
+                                         n=1, temperature=0.0, max_tokens=8)
+        finally:
+            await policy.aclose()
+    try:
+        asyncio.run(ask())
+    except (PolicyError, OSError) as e:
+        raise ConfigError(f"the judge at {url} (model {model!r}) fails a chat request: {e}; "
+                          "check judge.url and judge.model") from None
+
+
+def role_router(cfg: Config) -> Router | None:
+    """Who acts in a run's episodes: None when the family is a :class:`MultiAgentEnv` (the env
+    decides), else the one role of a single policy, or planner/executor for those two roles."""
+    roles = [r for rs in policy_roles(cfg).values() for r in rs]
+    if issubclass(env_class(cfg.env.family), MultiAgentEnv):
+        return None
+    if len(roles) == 1:
+        return single_role(roles[0])
+    if set(roles) == {"planner", "executor"}:
+        return planner_executor()
+    raise ConfigError(f"env {cfg.env.family} has one agent: several policies need the roles planner and "
+                      f"executor (got {', '.join(roles)})")
+
+
+def chat_config(cfg: Config) -> ChatConfig:
+    """The prompt budget and shape ``cfg.rollout`` sets, for rollouts, evaluation and warm starts."""
+    r = cfg.rollout
+    return ChatConfig(context_tokens=r.max_context_tokens, max_response_tokens=r.max_response_tokens,
+                      max_images=r.max_images, system_prompt=r.system_prompt)
+
+
+def env_kwargs(cfg: Config) -> dict[str, Any]:
+    """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
+    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}
+
+
+def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
+    """The tasks of the configured environment, or of ``source`` (no sandbox is started)."""
+    env = env_class(cfg.env.family)(tasks=source if source is not None else cfg.env.tasks, **env_kwargs(cfg))
+    try:
+        return list(env.tasks)
+    finally:
+        env.close()
+
+
+def make_envs(cfg: Config, pool_size: int | None = None,
+              run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
+    """A shared pool of warm sandboxes (``pool_size``, default ``rollout.parallel``; ``run_id``
+    labels its sandboxes), a factory of envs leasing from it, and the env's task list.
+
+    The pool is None when every task runs in an image of its own (terminal-bench tasks with
+    a Dockerfile, SWE-bench rows). Such a task's episode starts its sandbox when it begins,
+    and none is started ahead for an image the env's next task may not use.
+    """
+    cls = env_class(cfg.env.family)
+    tasks = load_tasks(cfg)
+    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+                         disk=cfg.env.sandbox_disk, run_id=run_id) if cls.uses_family_image(tasks) else None
+
+    def factory() -> Any:
+        return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
+                   warm=False, run_id=run_id, **env_kwargs(cfg))   # tasks loaded once, not per env
+
+    return pool, factory, tasks
+
+
+def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
+    """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
+    server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``). ``templates``: the
+    judge prompts of families with none registered (:class:`~nextstate.judges.prm.StepJudge`'s)."""
+    j = cfg.judge
+    if j.mode == "none":
+        return None
+    if j.mode == "rules":
+        from nextstate.judges.rules import RuleJudge
+        return RuleJudge(m=j.votes)
+    backend = policy
+    if j.mode == "url":
+        from nextstate.agents.openai_policy import OpenAIPolicy
+        backend = OpenAIPolicy(j.url, model=j.model)
+    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
+                     templates=templates)
+
+
+def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
+    """The hint source ``cfg.opd`` asks for (None in mode ``rl``): ``rules``, or an LLM judge
+    on judge.url's server when judge.mode is ``url``, else on ``policy`` (``templates``: as
+    :func:`make_judge`'s)."""
+    if cfg.opd.mode == "rl":
+        return None
+    if cfg.opd.hint_source == "rules":
+        from nextstate.judges.rules import RuleHints
+        return RuleHints()
+    from nextstate.judges.hints import HintJudge
+    j = cfg.judge
+    backend = policy
+    if j.mode == "url":
+        from nextstate.agents.openai_policy import OpenAIPolicy
+        backend = OpenAIPolicy(j.url, model=j.model)
+    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)
