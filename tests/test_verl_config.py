@@ -212,7 +212,7 @@ def test_launch_stops_when_the_plugin_fails_to_import(tmp_path, capsys, monkeypa
     from nextstate.train.verl_backend import launch
     monkeypatch.setattr(launch, "PLUGIN_MODULE", "nextstate.train.verl_backend.no_such_plugin")   # an import that fails
     err = _launch_fails_in_one_line(tmp_path, capsys)
-    assert err.startswith("error: the nextstate plugin for veRL (train.verl_backend.no_such_plugin) failed to load: "
+    assert err.startswith("error: the nextstate plugin for veRL (nextstate.train.verl_backend.no_such_plugin) failed to load: "
                           "ModuleNotFoundError"), err
 
 
