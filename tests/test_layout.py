@@ -119,6 +119,8 @@ def test_the_graph_sees_imports_inside_functions():
     "from nextstate.containers.pool import SandboxPool",
     "from nextstate.agents import make_policy",
     "from nextstate.viewer import RunIndex, export, image_ref, main, make_server, to_json",
+    "from nextstate.train.proxy import TrainingProxy, ProxyTrainer, make_app, serving",
+    "from nextstate.train.wiring import make_envs, make_judge, make_hinter, load_tasks",
 ])
 def test_public_imports_keep_working(statement):
     exec(statement, {})
