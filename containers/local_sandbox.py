@@ -96,10 +96,11 @@ class LocalSandbox(Sandbox):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def warn_local_backend() -> None:
-    """The one warning users get when sandboxes fall back to the local backend."""
+def warn_local_backend(asked: bool = False) -> None:
+    """The one warning users get when sandboxes run on the local backend: ``asked`` for it by name,
+    or fallen back to because no Docker engine answers."""
     warnings.warn(
-        "Docker is not available: sandboxes run as local shells"
+        ("The local backend: " if asked else "Docker is not available: ") + "sandboxes run as local shells"
         + (" inside bubblewrap" if shutil.which("bwrap") else " WITHOUT isolation (install bubblewrap)")
         + ". They isolate far less than containers; do not run untrusted agents this way.",
         RuntimeWarning, stacklevel=3)

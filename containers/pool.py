@@ -114,7 +114,7 @@ class SandboxPool:
         if self.backend == "docker":
             self._connect(hosts or [None], build_missing)
         else:
-            warn_local_backend()
+            warn_local_backend(asked=backend == "local")
         self._workers = ThreadPoolExecutor(max_workers=max(1, start_workers),
                                            thread_name_prefix="sandbox-pool")
         _install_exit_handlers()

@@ -336,3 +336,9 @@ def test_engine_that_stops_answering_fails_leases_at_once_and_the_pool_recovers(
         pool.close()
         door.close()
         containers.reap(run_id=pool.run_id)
+
+
+def test_the_local_backend_asked_for_by_name_is_not_called_a_missing_docker():
+    with pytest.warns(RuntimeWarning, match="^The local backend: sandboxes run as local shells"):
+        pool = SandboxPool("nextstate/terminal:latest", size=1, backend="local", warm=False)
+    pool.close()
