@@ -111,7 +111,6 @@ def greedy(policy):
 def test_the_cached_checkpoint_is_complete_and_ends_turns_with_im_end(policy, end):
     path = smollm2.checkpoint()
     assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
-    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]   # no temporary folder left
     assert sum(p.numel() for p in policy.model.parameters()) == 134_515_008
     assert policy.tokenizer.eos_token == policy.tokenizer.pad_token == "<|im_end|>"
     assert policy.model.generation_config.eos_token_id == end == 2

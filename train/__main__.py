@@ -3,6 +3,7 @@
     python -m train --env terminal                      # embedded defaults (tiny model on a CPU)
     python -m train --env swe --model Qwen/Qwen3-8B --parallel 32 --judge http://judge:8000
     python -m train --env terminal --backend verl --dry-run
+    python -m train --env terminal --model smollm2 --judge rules env.tasks=outdir:train   # SmolLM2-135M, no hub
     python -m train --env terminal --steps 50 train.lr=1e-5 rollout.samples_per_task=4
     python -m train --env relay --agents reader=tiny-untied,writer=tiny-untied   # two policies, each on its role
     python -m train --env relay --agents reader+writer=tiny-untied    # one policy shared by both roles
