@@ -1,4 +1,4 @@
-"""A policy backed by a local transformers model (``"tiny"`` or ``"tiny-untied"``, a path, or a hub name).
+"""A policy backed by a local transformers model (a preset of :mod:`agents.presets`, a path, or a hub name).
 
 Generation is batched: requests from concurrent episodes and from the judge
 (``complete(n=m)`` is one request of ``m`` rows) are collected for a few
@@ -98,8 +98,8 @@ class HFPolicy(Policy):
     while someone waits for it, no new request joins the running batch).
     ``seed=`` in :meth:`generate` seeds that request's own random generator, so
     its tokens do not depend on what else shares its batch. The model runs in
-    ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the tiny
-    preset's weights. ``batch_window_s``: how long a batch waits for more
+    ``dtype`` (default float32) on ``device``; ``seed`` (init) draws the weights of a
+    preset made from a seed (``tiny``). ``batch_window_s``: how long a batch waits for more
     requests after its first; ``max_batch_rows``: rows generating at once (requests
     that arrive while a batch runs join it up to that many);
     ``prefix_cache_bytes``: memory for the KV caches of past sequences (``.prefixes``; emptied
@@ -115,9 +115,9 @@ class HFPolicy(Policy):
                  batch_window_s: float = 0.005, max_batch_rows: int = 32,
                  prefix_cache_bytes: int = 1 << 30):
         import torch
-        from nextstate.agents.tiny import PRESETS, load_tiny
+        from nextstate.agents.presets import PRESETS
         if model_name_or_path in PRESETS:
-            self.model, self.tokenizer = load_tiny(seed, tied=PRESETS[model_name_or_path])
+            self.model, self.tokenizer = PRESETS[model_name_or_path].load(seed)
         else:
             from transformers import AutoModelForCausalLM, AutoTokenizer
             self.tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)

@@ -3,6 +3,7 @@
     python -m train --env terminal                      # embedded defaults (tiny model on a CPU)
     python -m train --env swe --model Qwen/Qwen3-8B --parallel 32 --judge http://judge:8000
     python -m train --env terminal --backend verl --dry-run
+    python -m train --env terminal --model smollm2 --judge rules env.tasks=outdir:train   # SmolLM2-135M, no hub
     python -m train --env terminal --steps 50 train.lr=1e-5 rollout.samples_per_task=4
     python -m train --env relay --agents reader=tiny-untied,writer=tiny-untied   # two policies, each on its role
     python -m train --env relay --agents reader+writer=tiny-untied    # one policy shared by both roles
@@ -29,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 import yaml  # noqa: E402
 
-from nextstate.agents.tiny import PRESETS  # noqa: E402
+from nextstate.agents.presets import PRESETS  # noqa: E402
 from nextstate.envs import registry  # noqa: E402
 from nextstate.train.config import Config, ConfigError, judge_overrides, load_config, policy_roles  # noqa: E402
 from nextstate.train.wiring import check_model, probe_judge, probe_server  # noqa: E402
@@ -44,7 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "or MODULE:NAME (imports MODULE, which registers NAME), or NAME when its module is named NAME")
     p.add_argument("--parallel", type=int, help="episodes (sandboxes) at once")
     p.add_argument("--config", help="config file (default the family's packaged configs/<env>.yaml)")
-    p.add_argument("--model", help="HF hub name, local model directory, or 'tiny'")
+    p.add_argument("--model", help="HF hub name, local model directory, or a preset: "
+                   f"{', '.join(PRESETS)}")
     p.add_argument("--agents", metavar="ROLE=MODEL[,ROLE=MODEL...]",
                    help="several policies, one per entry (ROLE+ROLE=MODEL: one policy shared by those roles)")
     p.add_argument("--judge", help="'policy' (the policy's own model), 'rules' (exit codes and invalid "
@@ -93,7 +95,8 @@ def build_config(args: argparse.Namespace) -> tuple[Config, bool]:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     agent_models = {e.split("=", 1)[1].strip() for e in (args.agents or "").split(",") if "=" in e}
-    demo = args.model in PRESETS or bool(agent_models) and agent_models <= PRESETS.keys() or \
+    sized = {name for name, preset in PRESETS.items() if preset.cpu_demo}   # the demo's models
+    demo = args.model in sized or bool(agent_models) and agent_models <= sized or \
         (args.backend == "local" and args.model is None and not args.agents and not has_gpu())
     cfg = load_config(env, args.config, flag_overrides(args) + list(args.overrides), cpu_demo=demo)
     cfg.run.output = cfg.run.output.format(env=cfg.env.family)

@@ -45,7 +45,7 @@ class EnvConfig:
 
 @dataclass
 class ModelConfig:
-    """The policy model (an HF name, a local path, ``tiny`` or ``tiny-untied``)."""
+    """The policy model (an HF name, a local path, or a preset: ``tiny``, ``tiny-untied``, ``smollm2``)."""
     name: str = "Qwen/Qwen3-8B"
     dtype: str = "auto"               # auto | float32 | bfloat16 | float16
 

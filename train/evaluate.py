@@ -4,7 +4,7 @@
     python -m train.evaluate --env swe --tasks instances.jsonl --policy http://vllm:8000 --parallel 8 --output runs/eval
     python -m train.evaluate --env terminal --policy noop --output runs/eval-noop
 
-``--policy`` is a model (``tiny``, a local path or hub name, or an
+``--policy`` is a model (a preset such as ``tiny`` or ``smollm2``, a local path or hub name, or an
 OpenAI-compatible URL, run through :mod:`train.rollout`), ``gold`` (the task's
 reference solution, no model) or ``noop`` (finish at once), both played from
 the env's ``oracle_actions(task, kind)``. Tasks the env cannot run here (its
@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", required=True, help=f"a registered env family: {', '.join(registry.names())}; "
                    "or MODULE:NAME (imports MODULE, which registers NAME), or NAME when its module is named NAME")
     p.add_argument("--tasks", default="builtin", help="task file/directory or dataset name (default builtin)")
-    p.add_argument("--policy", required=True, help="gold, noop, tiny, a model path/name or a server URL")
+    p.add_argument("--policy", required=True,
+                   help="gold, noop, a preset (tiny, smollm2, ...), a model path/name or a server URL")
     p.add_argument("--model", help="model name on the server (with a URL policy)")
     p.add_argument("--parallel", type=int, default=4, help="episodes at once (default 4)")
     p.add_argument("--output", required=True, help="directory for the results")

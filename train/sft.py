@@ -19,8 +19,8 @@ example is one agent's step given that agent's own view, as the agent loop shows
 ``--roles`` picks whose steps train the model: one model per role (``--roles reader``), or one
 shared by several (``--roles reader+writer``, the default: every role).
 
-It works with any local model (``--model tiny``, a directory, a hub name) and
-writes a model directory that ``python -m train --model DIR`` loads::
+It works with any local model (a preset: ``--model tiny``, ``--model smollm2``; a directory, a
+hub name) and writes a model directory that ``python -m train --model DIR`` loads::
 
     python -m train.sft --env terminal --tasks procedural:0:64 --steps 150 --output runs/sft
     python -m train.sft --env terminal --rollouts runs/terminal/rollouts.jsonl --output runs/sft2
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="terminal", help="environment family (its tools shape the prompt); "
                    "MODULE:NAME or NAME imports a family of your own, as in python -m train")
-    p.add_argument("--model", default="tiny", help="HF hub name, local model directory, or 'tiny'")
+    p.add_argument("--model", default="tiny", help="HF hub name, local model directory, or a preset (tiny, smollm2, ...)")
     p.add_argument("--tasks", help="task source for oracle runs (e.g. procedural:0:64, a task directory)")
     p.add_argument("--source", default="oracle", choices=SOURCES,
                    help="what plays --tasks: the reference solution (kept when it passes), or hasty "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from nextstate.agents.chat import ChatConfig
-from nextstate.agents.tiny import PRESETS
+from nextstate.agents.presets import PRESETS
 from nextstate.envs import env_class
 from nextstate.envs.multiagent import MultiAgentEnv
 from nextstate.judges.prm import StepJudge
@@ -26,11 +26,16 @@ JUDGE_PROBE_TIMEOUT = 60.0   # one real judge request at start (the judge's own 
 
 
 def check_model(name: str) -> None:
-    """A local model path must exist and hold an HF config; hub names are checked at load."""
+    """A preset must be available here (:mod:`agents.presets`), a local model path must exist and
+    hold an HF config; hub names are checked at load."""
     if name in PRESETS:
+        try:
+            PRESETS[name].check()
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
         return
     if name.startswith(("http://", "https://")):
-        raise ConfigError(f"the trained model must be local (a path, a hub name or 'tiny'), not a URL "
+        raise ConfigError(f"the trained model must be local (a preset such as 'tiny', a path or a hub name), not a URL "
                           f"({name}); a server URL can be the judge: --judge {name}")
     path = Path(name).expanduser()
     looks_local = name.startswith(("/", ".", "~")) or path.exists() or name.count("/") > 1

@@ -22,7 +22,7 @@ the recipe below, and commit the result):
 
 Weights are not shipped: :func:`load_tiny` initialises them from a fixed seed.
 
-Two presets share these files (:data:`PRESETS`): ``tiny``, whose input and output embeddings are
+Two presets share these files (:data:`agents.presets.PRESETS`): ``tiny``, whose input and output embeddings are
 one matrix (``tie_word_embeddings``), and ``tiny-untied``, the same model with a separate output
 matrix (82k more parameters). Untie it where a word must be copied as the same token it was read
 as: training a token as an output in contexts that don't determine it then no longer moves its
@@ -42,7 +42,6 @@ TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 BUILT_IN_FAMILIES = ("terminal", "toolcall", "swe", "gui")
 MERGES = 1024  # learned BPE merges on top of the 256 bytes
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(TOOL_TAGS) + MERGES
-PRESETS = {"tiny": True, "tiny-untied": False}   # model name -> input/output embeddings tied
 
 
 def _byte_alphabet() -> list[str]:

@@ -30,7 +30,7 @@ DEFAULTS = ["train.kl_coef=0.0",        # no reference model unless asked for (-
 def parser() -> argparse.ArgumentParser:
     """The proxy's flags."""
     p = argparse.ArgumentParser(prog="python -m train.proxy", description=package.__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="tiny, a local path or a hub name")
+    p.add_argument("--model", required=True, help="a preset (tiny, smollm2, ...), a local path or a hub name")
     p.add_argument("--output", required=True, help="run folder (rollouts.jsonl, metrics, checkpoints)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

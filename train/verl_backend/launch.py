@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nextstate.agents.tiny import PRESETS
+from nextstate.agents.presets import PRESETS
 from nextstate.train.config import Config, ConfigError, policy_roles
 from nextstate.train.wiring import load_tasks
 from nextstate.train.verl_backend import RUN_ENV
@@ -60,9 +60,9 @@ def on_cpu(cfg: Config) -> bool:
 def model_path(cfg: Config, name: str | None = None) -> str:
     """What veRL loads (and its reference model is) for the policy ``name`` of ``agents`` (default
     ``model.name``): the run's warm start when ``sft.steps > 0`` (made or reused before veRL
-    starts, as on the local backend: ``warm_start/<name>`` per policy with ``agents``), for
-    ``tiny`` the directory the run writes it to (one tiny model for every policy that asks for
-    it, as on the local backend), else the model name."""
+    starts, as on the local backend: ``warm_start/<name>`` per policy with ``agents``), for a
+    preset its checkpoint directory (:func:`preset_dir`: one model for every policy that asks
+    for it, as on the local backend), else the model name."""
     if cfg.sft.steps > 0:
         start = Path(cfg.run.output).resolve() / "warm_start"
         return str(start / name if cfg.agents and name else start)
@@ -71,8 +71,10 @@ def model_path(cfg: Config, name: str | None = None) -> str:
 
 
 def preset_dir(cfg: Config, preset: str) -> Path:
-    """Where a run writes the tiny preset ``preset`` (:data:`agents.tiny.PRESETS`) for veRL to load."""
-    return Path(cfg.run.output).resolve() / ("model" if preset == "tiny" else preset)
+    """Where veRL loads the preset ``preset`` (:data:`agents.presets.PRESETS`) from: its cached
+    checkpoint (``smollm2``), else the folder the run writes it to (``tiny``: drawn from the run's seed)."""
+    cached = PRESETS[preset].cached
+    return cached() if cached else Path(cfg.run.output).resolve() / ("model" if preset == "tiny" else preset)
 
 
 def policy_models(cfg: Config) -> dict[str, str]:
@@ -280,10 +282,9 @@ def launch(cfg: Config, *, dry_run: bool = False, resume: bool = False) -> int:
         from nextstate.train.sft import warm_starts
         warm_starts(cfg, output / "warm_start")
     else:
-        from nextstate.agents.tiny import save_tiny
         for preset in PRESETS.keys() & {cfg.model.name, *cfg.agents.values()}:
             if not (preset_dir(cfg, preset) / "config.json").is_file():
-                save_tiny(preset_dir(cfg, preset), seed=cfg.run.seed, tied=PRESETS[preset])
+                PRESETS[preset].save(preset_dir(cfg, preset), cfg.run.seed)
     write_task_data(tasks, data_path(cfg), cfg.env.family)
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
