@@ -58,7 +58,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-
 def build_config(args: argparse.Namespace) -> Config:
     """The trainer's settings: the proxy's defaults, the flags (``--mode``, ``--judge``, ``--votes``,
     ``--hints``), then ``--set``; raises :class:`ConfigError` on one line."""
