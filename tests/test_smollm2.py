@@ -175,3 +175,16 @@ def test_one_fine_tuning_step_has_a_finite_loss_and_moves_the_weights():
     assert len(losses) == 1 and math.isfinite(losses[0]) and losses[0] > 0
     params = dict(policy.model.named_parameters())
     assert len(watched) == 2 and all(not torch.equal(params[name], before) for name, before in watched.items())
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@needs_model
+def test_the_opd_probe_runs_on_smollm2(terminal_image):
+    from bench import opd_probe
+
+    got = opd_probe.probe("smollm2", steps=2, updates=1, parallel=2)
+    assert got["model"] == "smollm2" and got["steps"] == 2
+    figures = [got[k] for k in ("gap_reference", "gap_sampled", "before", "after", "sampled_before")]
+    assert all(isinstance(x, float) and math.isfinite(x) for x in figures)
+    assert got["after"] != got["before"]   # one OPD update changed the student

@@ -59,6 +59,8 @@ class Example:
     text: str
     role: str = "agent"
     tools: list[dict] | None = None
+    action: dict | None = None       # the call played (what a judge reads)
+    next_state: dict | None = None   # what the environment answered (what a judge or hint reads)
 
 
 def examples_from_rollouts(paths: Iterable[str | Path], min_outcome: float = 0.0,
@@ -107,7 +109,7 @@ def hasty_plan(task: Any, rng: random.Random) -> list[dict]:
 
 
 def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: str = "oracle",
-                   rng: random.Random | None = None) -> list[Example]:
+                   rng: random.Random | None = None, plan: list[dict] | None = None) -> list[Example]:
     """Play ``task``'s reference actions on ``env``; its steps when the check passed, else [].
 
     Each step's prompt is the one the agent loop builds (:func:`train.rollout.role_prompt`): on a
@@ -115,11 +117,14 @@ def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: s
     what reached its inbox), and the example names that agent as its role.
     ``source="hasty"`` plays a behaviour policy instead that looks half of the time
     (:func:`hasty_plan`); its valid steps are kept whether the check passed or not, so a model
-    trained on them learns the format and the mapping but not to always look first."""
+    trained on them learns the format and the mapping but not to always look first. ``plan``, given,
+    is played instead of either, its steps kept pass or fail."""
     from nextstate.envs.multiagent import MultiAgentEnv
     from nextstate.train.rollout import Histories, role_prompt
 
-    plan = hasty_plan(task, rng or random.Random(0)) if source == "hasty" else env.oracle_actions(task, "gold")
+    keep_all = source == "hasty" or plan is not None
+    if plan is None:
+        plan = hasty_plan(task, rng or random.Random(0)) if source == "hasty" else env.oracle_actions(task, "gold")
     first_obs, _ = env.reset(options={"task": task})
     histories = Histories.start(env, env.present(first_obs))
     out: list[Example] = []
@@ -131,28 +136,39 @@ def oracle_episode(env: Any, task: Any, policy: Any, chat: ChatConfig, source: s
         obs, reward, terminated, truncated, info = env.step(text)
         if "aborted" in info or not info["next_state"].get("valid", True):
             return []
-        out.append(Example(messages, text, role, tools))
+        out.append(Example(messages, text, role, tools, action, info["next_state"]))
         histories.record(role, text, env.present(obs), True, info.get("next_agent", role))
         if terminated or truncated:
             break
-    return out if reward > 0 or source == "hasty" else []
+    return out if reward > 0 or keep_all else []
+
+
+def oracle_runs(env_factory: Callable[[], Any], tasks: list[Any], policy: Any, chat: ChatConfig,
+                parallel: int = 4, source: str = "oracle", seed: int = 0,
+                plan_of: Callable[[Any], list[dict]] | None = None) -> list[list[Example]]:
+    """One :func:`oracle_episode` per task (its steps, or [] when it failed and is not kept),
+    ``parallel`` sandboxes at once (sandbox k plays tasks k, k + parallel, ...; the result lists
+    sandbox 0's episodes first); ``plan_of(task)``, given, names the actions to play."""
+    envs = [env_factory() for _ in range(max(1, min(parallel, len(tasks))))]
+
+    def play(env: Any, task: Any) -> list[Example]:
+        return oracle_episode(env, task, policy, chat, source, random.Random(f"{seed}-{task.id}"),
+                              plan_of(task) if plan_of else None)
+    try:
+        with ThreadPoolExecutor(len(envs)) as pool:
+            chunks = [tasks[i::len(envs)] for i in range(len(envs))]
+            runs = pool.map(lambda pair: [play(pair[0], t) for t in pair[1]], zip(envs, chunks))
+            return [ep for eps in runs for ep in eps]
+    finally:
+        for env in envs:
+            env.close()
 
 
 def oracle_examples(env_factory: Callable[[], Any], tasks: list[Any], policy: Any, chat: ChatConfig,
                     parallel: int = 4, source: str = "oracle", seed: int = 0) -> list[Example]:
     """The steps of the successful oracle runs of ``tasks`` (or of the behaviour policy that
     ``source`` names, see :func:`oracle_episode`), ``parallel`` sandboxes at once."""
-    envs = [env_factory() for _ in range(max(1, min(parallel, len(tasks))))]
-    try:
-        with ThreadPoolExecutor(len(envs)) as pool:
-            chunks = [tasks[i::len(envs)] for i in range(len(envs))]
-            runs = pool.map(lambda pair: [oracle_episode(pair[0], t, policy, chat, source,
-                                                         random.Random(f"{seed}-{t.id}")) for t in pair[1]],
-                            zip(envs, chunks))
-            episodes = [ep for eps in runs for ep in eps]
-    finally:
-        for env in envs:
-            env.close()
+    episodes = oracle_runs(env_factory, tasks, policy, chat, parallel, source, seed)
     if sum(not ep for ep in episodes):
         log.warning("%d of %d oracle runs failed and are left out",
                     sum(not ep for ep in episodes), len(episodes))

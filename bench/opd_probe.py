@@ -1,0 +1,178 @@
+"""Does a hindsight hint give On-Policy Distillation a signal a model can use? A cheap probe.
+
+``python -m bench.opd_probe [--model smollm2] [--steps 16] [--updates 5] [--lr 1e-5] [--json]``
+prints one JSON object; no RL run, no timed assertion. The protocol, fixed before any figure was
+seen:
+
+1. **Hinted steps from real rollouts.** On ``outdir`` training seeds (``outdir:0:STEPS``), in real
+   Docker sandboxes, a behaviour policy reads ``/app/note`` and then writes the word to
+   ``/app/out/answer`` before the directory exists: the write fails (``No such file or
+   directory``, exit 1). The step's prompt is the one the agent loop builds (the model's own chat
+   template, the tools, the history); its hint is the rule hint source's (the error's last line,
+   :func:`judges.rules.rule_hint`), appended to the last environment turn as
+   :func:`judges.hints.teacher_messages` does in training.
+2. **The teacher gap.** With the teacher the frozen model (``opd.teacher=reference``), the mean
+   per-token ``log pi_teacher(a | s + hint) - log pi_old(a | s)`` on the tokens of the reference
+   action (``mkdir -p /app/out``, the step that should have been taken: ``gap_reference``) and of
+   the failing write itself (``gap_sampled``). OPD points the right way only if
+   ``gap_reference > 0 > gap_sampled``: the hint raises what should have been done and lowers
+   what was done.
+3. **A few OPD updates on those steps alone** (the trainer's own :class:`train.learner.Learner`,
+   ``opd.mode=opd``: per-token advantages are the teacher gap on the failing write; ``old``
+   log-probs re-read before each update, as a fresh rollout would give them), then the student's
+   mean per-token log-probability of the reference action in the plain context, ``before`` and
+   ``after``. OPD trains only on what was sampled, so ``after > before`` means the push away
+   from the failing write moved mass to the right action.
+
+The behaviour policy is scripted so that every probed step is a failed write, whatever the
+model would have sampled (an untrained instruct model writes prose, not tool calls); ``pi_old``
+is the probed model's own probability of that action, as in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import sys
+import time
+from typing import Any
+
+from bench import report
+
+log = logging.getLogger(__name__)
+
+
+def outdir_runs(policy: Any, tasks: str, plan_of: Any, parallel: int = 4) -> list[list[Any]]:
+    """The ``train.sft.Example``s (each with its action and next state) of ``plan_of(task)`` played on
+    every ``outdir`` task of ``tasks``, in real sandboxes, one list per episode."""
+    from nextstate.agents.chat import ChatConfig
+    from nextstate.envs.terminal import TerminalEnv, outdir
+    from nextstate.train.sft import oracle_runs
+
+    pool = TerminalEnv.make_pool(parallel)
+    try:
+        return oracle_runs(lambda: TerminalEnv(tasks=tasks, pool=pool), outdir.load(tasks), policy, ChatConfig(),
+                           parallel, plan_of=plan_of)
+    finally:
+        pool.close()
+
+
+def failed_writes(policy: Any, steps: int, parallel: int = 4) -> list[Any]:
+    """The failing writes of ``outdir:0:steps`` (one per seed: read the note, then write before
+    ``mkdir``), each with the next state it led to."""
+    from nextstate.envs.terminal import outdir
+    from nextstate.judges.rules import rule_hint
+
+    runs = outdir_runs(policy, f"outdir:0:{steps}", lambda t: [outdir.READ, outdir.write(t.data["value"])], parallel)
+    return [ep[-1] for ep in runs if ep and rule_hint(ep[-1].next_state)]
+
+
+def token_log_probs(model: Any, rows: list[tuple[list[int], list[int]]], pad_id: int) -> list[list[float]]:
+    """Per-token log-probs of each ``(prompt_ids, response_ids)`` row's response under ``model``."""
+    import torch
+
+    from nextstate.train.batch import Sample, collate
+    from nextstate.train.loss import token_log_probs as response_log_probs
+
+    out = []
+    with torch.no_grad():
+        for prompt, response in rows:   # one row at a time: no padding, little memory
+            mb = collate([Sample(prompt, response, [0.0] * len(response), 0.0, 0.0)], pad_id)
+            lp, _ = response_log_probs(model, mb.to(next(model.parameters()).device), 1.0)
+            out.append(lp[0, :len(response)].tolist())
+    return out
+
+
+def mean_token(rows: list[list[float]]) -> float:
+    """The mean over rows of each row's mean per-token value."""
+    return round(statistics.fmean(statistics.fmean(r) for r in rows), 4)
+
+
+def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float = 1e-5, seed: int = 0,
+          parallel: int = 4) -> dict[str, Any]:
+    """The probe's figures (see the module docstring)."""
+    from nextstate.agents.chat import action_text
+    from nextstate.agents.hf_policy import HFPolicy
+    from nextstate.envs.terminal import outdir
+    from nextstate.judges.hints import teacher_messages
+    from nextstate.judges.rules import rule_hint
+    from nextstate.train.batch import Batch, Sample
+    from nextstate.train.config import load_config
+    from nextstate.train.learner import Learner
+
+    t0 = time.monotonic()
+    policy = HFPolicy(model, seed=seed)
+    try:
+        examples = failed_writes(policy, steps, parallel)
+        if not examples:
+            raise RuntimeError("no failed write among the rollouts: the probe has nothing to measure")
+        tok = policy.tokenizer
+        hints = [rule_hint(e.next_state) for e in examples]
+        plain = [policy.prompt_ids(e.messages, e.tools) for e in examples]
+        hinted = [policy.prompt_ids(teacher_messages(e.messages, h), e.tools) for e, h in zip(examples, hints)]
+        sampled = [tok.encode(e.text, add_special_tokens=False) for e in examples]
+        reference = tok.encode(action_text(outdir.MKDIR), add_special_tokens=False)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+        def lps(m: Any, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+            return token_log_probs(m, list(zip(prompts, responses)), pad)
+
+        def gap(responses: list[list[int]]) -> list[list[float]]:
+            teacher, old = lps(policy.model, hinted, responses), lps(policy.model, plain, responses)
+            return [[t - o for t, o in zip(tr, orow)] for tr, orow in zip(teacher, old)]
+        refs = [reference] * len(examples)
+        figures: dict[str, Any] = {
+            "model": model, "steps": len(examples), "hint_source": "rules", "teacher": "reference",
+            "gap_reference": mean_token(gap(refs)), "gap_sampled": mean_token(gap(sampled)),
+            "hint_example": hints[0], "reference_action": action_text(outdir.MKDIR),
+            "sampled_example": examples[0].text}
+
+        cfg = load_config("terminal", overrides=["opd.mode=opd", "opd.hint_source=rules", "opd.teacher=reference",
+                                                 f"train.lr={lr}"])
+        learner = Learner(policy, cfg)
+        before_ref, before_sampled = lps(learner.model, plain, refs), lps(learner.model, plain, sampled)
+        history = []
+        for _ in range(updates):
+            old = lps(learner.model, plain, sampled)   # what a fresh rollout of the same step would record
+            batch = Batch([Sample(p, r, o, 0.0, 0.0, teacher_prompt_ids=h)
+                           for p, r, o, h in zip(plain, sampled, old, hinted)], weight_opd=cfg.opd.weight_opd)
+            out = learner.step(batch, progress=False)
+            history.append({k: round(out[k], 4) for k in ("opd/teacher_gap_mean", "train/pg_loss", "train/grad_norm")
+                            if k in out})
+        after_ref, after_sampled = lps(learner.model, plain, refs), lps(learner.model, plain, sampled)
+        figures.update({
+            "before": mean_token(before_ref), "after": mean_token(after_ref),
+            "sampled_before": mean_token(before_sampled), "sampled_after": mean_token(after_sampled),
+            "updates": updates, "lr": lr, "update_log": history,
+            "works": bool(figures["gap_reference"] > 0 > figures["gap_sampled"]
+                          and mean_token(after_ref) > mean_token(before_ref)),
+            "wall_s": round(time.monotonic() - t0, 1)})
+        return figures
+    finally:
+        asyncio.run(policy.aclose())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.opd_probe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="a preset or a model directory (default: smollm2)")
+    ap.add_argument("--steps", type=int, default=16, help="failed writes to probe, one per outdir seed")
+    ap.add_argument("--updates", type=int, default=5, help="OPD updates on those steps")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--parallel", type=int, default=4, help="sandboxes at once")
+    ap.add_argument("--json", action="store_true", help="one JSON object")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        figures = probe(args.model, args.steps, args.updates, args.lr, args.seed, args.parallel)
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
+        print(f"bench.opd_probe: {exc}", file=sys.stderr)
+        return 1
+    report(figures, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

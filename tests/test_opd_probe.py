@@ -1,0 +1,46 @@
+"""The OPD mechanism probe and the judge-agreement bench on real ``outdir`` sandboxes: the steps
+they read (failed writes with the environment's own error as the hint), and the figures' shape.
+Nothing here checks what a model prefers: the signs of the gaps are the probe's answer, not a test's."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from bench import judge_agreement, opd_probe
+
+pytestmark = pytest.mark.docker
+
+
+def _finite(*xs: float) -> bool:
+    return all(isinstance(x, float) and math.isfinite(x) for x in xs)
+
+
+def test_the_probe_reads_failed_writes_and_an_update_moves_the_reference_action(terminal_image):
+    got = opd_probe.probe("tiny", steps=2, updates=1, parallel=2)
+    assert got["steps"] == 2 and got["hint_source"] == "rules"
+    assert "No such file or directory" in got["hint_example"]          # the write really failed, in Docker
+    assert "mkdir -p /app/out" in got["reference_action"] and "/app/out/answer" in got["sampled_example"]
+    assert _finite(got["gap_reference"], got["gap_sampled"], got["before"], got["after"])
+    assert got["after"] != got["before"]                               # one OPD update changed the student
+    assert len(got["update_log"]) == 1 and "opd/teacher_gap_mean" in got["update_log"][0]
+
+
+def test_judge_agreement_judges_every_step_of_the_hasty_runs_and_counts_the_rule_classes(terminal_image):
+    from nextstate.agents.hf_policy import HFPolicy
+
+    policy = HFPolicy("tiny")
+    try:
+        got = judge_agreement.measure(policy, "tiny", tasks=4, votes=1, max_tokens=8, parallel=2, timeout=60)
+    finally:
+        asyncio.run(policy.aclose())
+    assert got["steps"] == got["rule_failed_steps"] + got["rule_good_steps"] >= 4
+    assert 0.0 <= got["agreement"] <= 1.0 and 0.0 <= got["valid_vote_rate"] <= 1.0 and got["errors"] == 0
+
+
+def test_kappa_by_hand():
+    assert judge_agreement.kappa([1, 1, -1, -1], [1, 1, -1, -1]) == 1.0
+    assert judge_agreement.kappa([1, -1, 1, -1], [1, 1, -1, -1]) == 0.0
+    assert judge_agreement.kappa([1, 1], [1, 1]) is None
