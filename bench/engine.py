@@ -1,9 +1,12 @@
 """The project's engine against ``transformers`` ``generate``: tokens/s at 1, 16 and 64 at once.
 
-``python -m bench.engine [--model smollm2] [--levels 1 16 64] [--max-tokens 64] [--repeats 1] [--json]``
-prints one JSON object. At each level ``c`` the same ``c`` chat prompts (one system turn shared by
-all, a distinct short task each, rendered with the model's own chat template) are answered twice,
-in turns, in one process:
+``python -m bench.engine [--model smollm2] [--prompts agent|short] [--levels 1 16 64] [--max-tokens 64]
+[--repeats 1] [--json]`` prints one JSON object. At each level ``c`` the same ``c`` chat prompts,
+rendered with the model's own chat template, are answered twice, in turns, in one process. The
+prompts: ``agent`` (default), the agent loop's own prompts of the reference runs of ``outdir``
+tasks in real sandboxes (system turn with the tool schemas, the instruction, the turns so far:
+about 600 tokens, most of them shared); ``short``, one short system turn and a distinct short
+task each (about 50 tokens). The two paths:
 
 * ``engine``: :class:`agents.hf_policy.HFPolicy`, ``c`` requests at once (continuous batching and
   the prefix cache of :mod:`agents.batching`; finished rows leave the batch);
@@ -33,17 +36,27 @@ TASKS = ["count the lines of {f}", "show the last 5 lines of {f}", "make the dir
          "replace 'a' by 'b' in {f}", "compress {f} with gzip"]
 
 
-def prompts(n: int) -> list[list[dict]]:
-    """``n`` distinct chats sharing one system turn."""
-    return [[{"role": "system", "content": SYSTEM},
-             {"role": "user", "content": TASKS[i % len(TASKS)].format(f=f"/data/file{i}.txt")}] for i in range(n)]
+def short_prompts(n: int) -> list[tuple[list[dict], None]]:
+    """``n`` distinct short chats sharing one system turn (no tools)."""
+    return [([{"role": "system", "content": SYSTEM},
+              {"role": "user", "content": TASKS[i % len(TASKS)].format(f=f"/data/file{i}.txt")}], None)
+            for i in range(n)]
 
 
-def engine_level(policy: Any, chats: list[list[dict]], max_tokens: int, seed: int) -> tuple[int, float]:
+def agent_prompts(policy: Any, n: int) -> list[tuple[list[dict], list[dict] | None]]:
+    """``n`` of the agent loop's prompts (messages, tools): the steps after the first of ``outdir``
+    reference runs (each holds the word the episode read, so no two episodes' prompts are equal)."""
+    from bench.opd_probe import outdir_runs
+
+    runs = outdir_runs(policy, f"outdir:0:{-(-n // 3)}", lambda t: t.data["oracle"], 4)
+    return [(e.messages, e.tools) for ep in runs for e in ep[1:]][:n]
+
+
+def engine_level(policy: Any, chats: list[tuple[list[dict], Any]], max_tokens: int, seed: int) -> tuple[int, float]:
     """Tokens produced and wall seconds for ``chats`` sent at once to the engine."""
     async def run() -> list[Any]:
-        return await asyncio.gather(*(policy.generate(c, temperature=1.0, top_p=1.0, max_tokens=max_tokens,
-                                                      seed=seed + i) for i, c in enumerate(chats)))
+        return await asyncio.gather(*(policy.generate(m, tools, temperature=1.0, top_p=1.0, max_tokens=max_tokens,
+                                                      seed=seed + i) for i, (m, tools) in enumerate(chats)))
     if policy.prefixes is not None:   # no KV carried over from the previous level or repeat
         policy.prefixes.clear()
     t0 = time.perf_counter()
@@ -51,20 +64,23 @@ def engine_level(policy: Any, chats: list[list[dict]], max_tokens: int, seed: in
     return sum(len(g.response_ids) for g in gens), time.perf_counter() - t0
 
 
-def generate_level(model: Any, tok: Any, chats: list[list[dict]], max_tokens: int, seed: int) -> tuple[int, float]:
+def generate_level(policy: Any, chats: list[tuple[list[dict], Any]], max_tokens: int, seed: int) -> tuple[int, float]:
     """Tokens produced and wall seconds for ``chats`` as one left-padded ``model.generate`` batch."""
     import torch
 
+    model, tok = policy.model, policy.tokenizer
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) | {tok.eos_token_id}
-    tok.padding_side = "left"
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     t0 = time.perf_counter()
-    texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids = [policy.prompt_ids(m, tools) for m, tools in chats]   # the engine's own prompt tokens
+    width = max(map(len, ids))
+    enc = {"input_ids": torch.tensor([[pad] * (width - len(i)) + i for i in ids]),
+           "attention_mask": torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])}
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+                             pad_token_id=pad)
     wall = time.perf_counter() - t0
     produced = 0
     for row in out[:, enc["input_ids"].shape[1]:].tolist():
@@ -73,25 +89,28 @@ def generate_level(model: Any, tok: Any, chats: list[list[dict]], max_tokens: in
     return produced, wall
 
 
-def run(model: str, levels: list[int], max_tokens: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+def run(model: str, levels: list[int], max_tokens: int, repeats: int, prompts: str = "agent",
+        seed: int = 0) -> dict[str, Any]:
     """The figures of every level (see the module docstring)."""
     import torch
 
     from nextstate.agents.hf_policy import HFPolicy
 
     policy = HFPolicy(model, seed=seed, max_batch_rows=max(levels))
-    out: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "repeats": repeats,
+    out: dict[str, Any] = {"model": model, "prompts": prompts, "max_tokens": max_tokens, "repeats": repeats,
                            "threads": torch.get_num_threads(), "levels": {}}
     try:
-        engine_level(policy, prompts(2), 4, seed)                     # warm-up of both paths
-        generate_level(policy.model, policy.tokenizer, prompts(2), 4, seed)
+        every = agent_prompts(policy, max(levels)) if prompts == "agent" else short_prompts(max(levels))
+        out["prompt_tokens_mean"] = round(sum(len(policy.prompt_ids(m, t)) for m, t in every) / len(every), 1)
+        engine_level(policy, every[:2], 4, seed)                      # warm-up of both paths
+        generate_level(policy, every[:2], 4, seed)
         for c in levels:
-            chats = prompts(c)
+            chats = every[:c]
             e_tok = e_s = g_tok = g_s = 0.0
             for r in range(repeats):
                 n, s = engine_level(policy, chats, max_tokens, seed + 1000 * r)
                 e_tok, e_s = e_tok + n, e_s + s
-                n, s = generate_level(policy.model, policy.tokenizer, chats, max_tokens, seed + 1000 * r)
+                n, s = generate_level(policy, chats, max_tokens, seed + 1000 * r)
                 g_tok, g_s = g_tok + n, g_s + s
             engine, generate = e_tok / e_s, g_tok / g_s
             out["levels"][str(c)] = {"engine_tokens_per_s": round(engine, 1), "generate_tokens_per_s": round(generate, 1),
@@ -106,13 +125,14 @@ def run(model: str, levels: list[int], max_tokens: int, repeats: int, seed: int 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="a preset or a model directory (default: smollm2)")
+    ap.add_argument("--prompts", choices=["agent", "short"], default="agent", help="see above")
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 16, 64], help="requests at once")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens at most per answer")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each path per level, in turns")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
     try:
-        figures = run(args.model, args.levels, args.max_tokens, args.repeats)
+        figures = run(args.model, args.levels, args.max_tokens, args.repeats, args.prompts)
     except FileNotFoundError as exc:
         print(f"bench.engine: {exc}", file=sys.stderr)
         return 1
