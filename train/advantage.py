@@ -17,21 +17,28 @@ with). A bucket whose rewards are all equal carries no learning signal: its
 samples are dropped from the batch, or kept with advantage 0 when
 ``drop_constant=False``.
 
-The grouping key is pluggable (:func:`register_grouping`):
+The key is pluggable: a grouping (:func:`register_grouping`) names the buckets and rewards of
+one bucket normalization; an estimator (:func:`register_estimator`) computes the advantages
+itself. A key can be registered once (a second registration raises ValueError).
 
 * ``step_index`` (default): bucket = (group, step index), reward = R_t.
 * ``outcome``: outcome-only GRPO; bucket = group, reward = o.
 * ``state``: identical-state groups in the spirit of GiGPO; bucket =
   (group, hash of the observation before the step), reward = R_t.
+* ``trajectory`` (estimator): ``A_t = A_o + c * (v_t - mean of the episode's valid votes)``,
+  ``A_o`` the outcome normalized over the group's episodes (one value per episode, the rules
+  above for one-member and constant groups); a step is dropped when its ``A_o`` bucket is
+  constant and its vote term is 0. The vote terms of an episode sum to 0, so the number of
+  steps adds no credit. Needs ``StepRows.episode``.
 
-Caveat (veRL RFC #7244): with per-step-index buckets, bucket t only holds the
-episodes that lasted at least t+1 steps, so the baseline a step is compared
-against depends on the trajectory's own stopping time. When the policy
-controls termination (a ``finish`` tool) that baseline is action-dependent
-and the gradient is biased: an implicit bonus or penalty on taking another
-step, of the size of the bucket means of the intermediate rewards. The
-``outcome`` key has no such term; the metrics report episode lengths so the
-effect can be watched when lengths vary a lot.
+Length (veRL RFC #7244, ``docs/learning.md``): with per-step-index buckets, bucket t only
+holds the episodes that lasted at least t+1 steps. Here each step's advantage multiplies only
+that step's own log-prob, and bucket t's members and statistics do not depend on the action
+taken at step t, so when rewards do not depend on the actions the stop decision gets no
+hidden bonus. What does depend on length is an episode's *summed* advantage: a one-member
+bucket keeps its raw reward, ``(E[o] + c E[v]) * P(all others stopped)`` per extra step; it
+turns into a gradient bias only when advantages are summed over the steps to go, which no
+key here does (``python -m bench.advantage_bias`` measures both).
 
 On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``) adds a per-token term on the
 steps that have a hindsight hint; both backends take it from here (:func:`rl_weight`,
@@ -266,7 +273,7 @@ def _by_trajectory(rows: StepRows, c: float, *, eps: float = EPS, drop_constant:
         raise ValueError("the 'trajectory' estimator needs StepRows.episode (episode ids)")
     unit = bucket_codes(_role(rows), rows.episode)
     first = np.unique(unit, return_index=True)[1]
-    per_unit = bucket_normalize(bucket_codes(_role(rows)[first], rows.group[first]), rows.outcome[first],
+    per_unit = bucket_normalize(bucket_codes(np.asarray(_role(rows))[first], rows.group[first]), rows.outcome[first],
                                 eps=eps, drop_constant=drop_constant)
     a_o, keep_o = np.zeros(int(unit.max()) + 1), np.ones(int(unit.max()) + 1, dtype=bool)
     a_o[unit[first]], keep_o[unit[first]] = per_unit.advantages, per_unit.keep
