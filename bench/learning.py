@@ -16,7 +16,10 @@ each variant with the same seeds and the same step budget through the local back
 * ``shuffled``: ``step_index`` with the judge's votes permuted across the batch's steps
   (a control: its gain over ``outcome`` must vanish if the votes' placement matters; not
   run on ``procedural``, whose rule votes are +1 on nearly every step);
-* ``state``: outcome + rule judge, grouped by identical observed state.
+* ``state``: outcome + rule judge, grouped by identical observed state;
+* ``trajectory``: outcome + rule judge, the outcome normalized per task group (one value per
+  episode) plus each vote minus its episode's mean vote (:mod:`train.advantage`): the
+  number of steps adds no credit.
 
 Families: ``procedural`` (the 4-word control, :mod:`envs.terminal.procedural`, where every
 command exits 0) and ``outdir`` (:mod:`envs.terminal.outdir`, whose next states carry what the
@@ -28,7 +31,8 @@ figures form the JSON's ``multi_agent`` section, with each agent's own held-out 
 its end. Per family and variant the JSON holds ``before``, ``after``, ``auc`` (the mean
 held-out success over a run's evaluations), ``auc_ci95`` (Student-t interval of the
 per-seed AUCs), ``steps_to_0.8`` (the first evaluated step whose seed-mean success
-reaches 0.8; null when none does), ``gain`` and the per-seed runs; then
+reaches 0.8; null when none does), ``gain``, ``episode_length`` (the mean over a run's
+training steps of ``episode/length_mean``, then over seeds) and the per-seed runs; then
 ``next_state_family``, ``auc_gain_over_outcome`` (per family, each variant's AUC minus
 outcome-only's), ``seeds``, ``steps``, ``wall_s``. ``--collect DIR ...`` trains nothing and
 prints the same object from the finished runs of earlier ``--output`` folders (the runs not
@@ -58,6 +62,7 @@ VARIANTS = {
     "combine": ["opd.mode=combine", *RULE_HINTS, "advantage.key=step_index", "judge.mode=rules"],
     "shuffled": ["advantage.key=step_index", "judge.mode=rules", "advantage.shuffle_votes=true"],
     "state": ["advantage.key=state", "judge.mode=rules"],
+    "trajectory": ["advantage.key=trajectory", "judge.mode=rules"],
 }
 DEFAULT_VARIANTS = ["outcome", "step_index", "opd", "combine", "shuffled"]
 FAMILIES = {
@@ -118,6 +123,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"before": mean([r["before"] for r in runs]), "after": mean([r["after"] for r in runs]),
             "auc": mean([r["auc"] for r in runs]), "auc_ci95": ci95([r["auc"] for r in runs]),
             "steps_to_0.8": steps_to(runs), "gain": mean([r["after"] - r["before"] for r in runs]),
+            **({"episode_length": mean([r["episode_length"] for r in runs])}
+               if all("episode_length" in r for r in runs) else {}),
             "runs": runs}
 
 
@@ -166,16 +173,19 @@ def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Before, after, AUC and the curve of one run's metrics rows (and, on a multi-agent family,
-    each agent's own held-out measures before and after: ``{"reader/word_told": [before, after]}``)."""
+    """Before, after, AUC, the curve and the mean training episode length of one run's metrics rows
+    (and, on a multi-agent family, each agent's own held-out measures before and after:
+    ``{"reader/word_told": [before, after]}``)."""
     points = curve(rows)
+    lengths = [r["episode/length_mean"] for r in rows if isinstance(r.get("episode/length_mean"), (int, float))]
     success = [p for _, p in points]
     measures = {}
     for key in sorted({k for r in rows for k in r if k.startswith("eval/") and k.count("/") == 2}):
         values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
         measures[key[len("eval/"):]] = [round(values[0], 4), round(values[-1], 4)]
     return {"before": success[0], "after": success[-1], "auc": round(sum(success) / len(success), 4),
-            "curve": points, **({"measures": measures} if measures else {})}
+            "curve": points, **({"episode_length": round(sum(lengths) / len(lengths), 4)} if lengths else {}),
+            **({"measures": measures} if measures else {})}
 
 
 def collected(dirs: list[Path], family: str, name: str, seed: int, steps: int) -> dict[str, Any] | None:

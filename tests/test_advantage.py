@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from nextstate.train.advantage import (EPS, GROUPINGS, StepRows, bucket_codes, compute_advantages, register_grouping,
-                             step_rewards)
+from nextstate.train.advantage import (EPS, GROUPINGS, StepRows, advantage_keys, bucket_codes, compute_advantages,
+                                      register_estimator, register_grouping, step_rewards)
 
 NAN = float("nan")
 
@@ -121,3 +121,43 @@ def test_bucket_codes_matches_tuples_for_wide_and_string_keys():
     for code, t in zip(codes.tolist(), tuples):
         assert seen.setdefault(t, code) == code
     assert len(set(codes.tolist())) == len(set(tuples))
+
+
+def test_registering_a_taken_key_raises_and_names_it():
+    for register, key in ((register_grouping, "step_index"), (register_estimator, "outcome"),
+                          (register_grouping, "trajectory")):
+        with pytest.raises(ValueError, match=repr(key)):
+            register(key)(lambda rows, c: None)
+    assert advantage_keys() == ["outcome", "state", "step_index", "trajectory"]
+
+
+# g1: e0 (votes 1, -1, none) succeeded, e1 (1, 1) failed; g2: e2 (1, 0) and e3 (0) both succeeded
+# (a constant outcome); g3: one episode, e4 (0.5).
+TRAJ = StepRows(group=["g1"] * 5 + ["g2"] * 3 + ["g3"], step=[0, 1, 2, 0, 1, 0, 1, 0, 0],
+                outcome=[1, 1, 1, 0, 0, 1, 1, 1, 1], vote_mean=[1, -1, NAN, 1, 1, 1, 0, 0, 0.5],
+                episode=["e0", "e0", "e0", "e1", "e1", "e2", "e2", "e3", "e4"])
+
+
+@pytest.mark.parametrize("c", [1.0, 2.0])
+def test_trajectory_estimator_by_hand(c):
+    h = 0.5 / (0.5 + EPS)   # g1's outcomes [1, 0], one per episode, normalized
+    a = compute_advantages(TRAJ, "trajectory", c=c)
+    # e0: h + c * (v - 0); e1: -h + c * (1 - 1); g2: outcome constant, e2: c * (v - 0.5), e3: 0 (dropped);
+    # g3: one episode keeps its raw outcome 1, its vote equals its own mean
+    np.testing.assert_allclose(a.advantages, [h + c, h - c, h, -h, -h, 0.5 * c, -0.5 * c, 0, 1], atol=1e-12)
+    assert a.keep.tolist() == [True] * 7 + [False, True]
+    assert (a.buckets, a.singleton_buckets, a.constant_buckets) == (3, 1, 1)
+    np.testing.assert_allclose(a.rewards, step_rewards(TRAJ.outcome, TRAJ.vote_mean, c))
+    # each episode's process terms sum to 0: its summed advantage is length * A_o
+    assert compute_advantages(TRAJ, "trajectory", c=c, drop_constant=False).keep.all()
+
+
+def test_trajectory_estimator_keeps_roles_apart_and_needs_episodes():
+    rows = StepRows(group=["g"] * 4, step=[0, 1, 0, 1], outcome=[1, 1, 0, 0], vote_mean=[1, 0, 1, 0],
+                    episode=[0, 0, 1, 1], role=[0, 1, 0, 1])
+    a = compute_advantages(rows, "trajectory")
+    h = 0.5 / (0.5 + EPS)   # each role's two episode-role units: outcomes [1, 0]; one vote each
+    np.testing.assert_allclose(a.advantages, [h, h, -h, -h], atol=1e-12)
+    assert a.buckets == 2
+    with pytest.raises(ValueError, match="StepRows.episode"):
+        compute_advantages(StepRows(group=[0], step=[0], outcome=[1], vote_mean=[1]), "trajectory")

@@ -131,3 +131,11 @@ def test_build_batch_excludes_aborted_episodes_and_other_roles():
     assert [s.advantage for s in batch.samples] == pytest.approx([1, 1, -1, -1], abs=1e-5)
     assert m["batch/samples"] == 4 and m["batch/dropped_samples"] == 0 and m["batch/untrainable_steps"] == 1
     assert m["outcome/mean"] == pytest.approx(2 / 3)
+
+
+def test_build_batch_trajectory_key_centres_votes_per_episode():
+    cfg = _cfg(**{"advantage.key": "trajectory"})
+    trajs = [_traj("g", 0, 1.0, [1.0, 0.0, None]), _traj("g", 1, 0.0, [0.5])]
+    batch = build_batch(trajs, cfg.advantage, weight=1.0, role="agent")
+    h = 0.5 / (0.5 + 1e-6)   # outcomes [1, 0], one per episode
+    assert [s.advantage for s in batch.samples] == pytest.approx([h + 0.5, h - 0.5, h, -h], abs=1e-6)

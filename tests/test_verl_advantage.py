@@ -45,6 +45,22 @@ def test_dataproto_advantages_equal_the_shared_function():
     assert metrics["nextstate/dropped_buckets"] == 1 and metrics["nextstate/dropped_samples"] == 2
 
 
+def test_dataproto_trajectory_estimator_equals_the_shared_function():
+    uid = ["u1", "u1", "u1", "u1", "u2", "u2"]
+    episodes = ["a", "a", "b", "b", "c", "d"]
+    steps, outcome, votes = [0, 1, 0, 1, 0, 0], [1, 1, 0, 0, 1, 1], [1.0, -1.0, 0.5, NAN, 1.0, 0.0]
+    proto = _dataproto(uid, steps, outcome, votes, [2] * 6)
+    proto.non_tensor_batch[vadv.FIELD_EPISODE] = np.array(episodes, dtype=object)
+    data, metrics = vadv.step_advantages(proto, key="trajectory")
+    shared = compute_advantages(StepRows(group=uid, step=steps, outcome=outcome, vote_mean=votes, episode=episodes),
+                                "trajectory")
+    h = 0.5 / (0.5 + EPS)
+    np.testing.assert_allclose(shared.advantages, [h + 1, h - 1, -h, -h, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(data.batch["advantages"][:, 0].numpy(), shared.advantages.astype(np.float32), rtol=1e-6)
+    assert data.batch["response_mask"].sum(-1).tolist() == [2, 2, 2, 2, 0, 0]   # u2: nothing to learn
+    assert metrics["nextstate/episode_length_mean"] == pytest.approx(1.5)
+
+
 def test_dataproto_padding_and_aborted_rows_are_left_out():
     uid = ["u", "u", "u", "pad"]
     data, metrics = vadv.step_advantages(_dataproto(uid, [0, 0, 0, 0], [1, 0, 1, 0], [NAN] * 4, [2, 2, 2, 2],

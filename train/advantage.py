@@ -17,21 +17,28 @@ with). A bucket whose rewards are all equal carries no learning signal: its
 samples are dropped from the batch, or kept with advantage 0 when
 ``drop_constant=False``.
 
-The grouping key is pluggable (:func:`register_grouping`):
+The key is pluggable: a grouping (:func:`register_grouping`) names the buckets and rewards of
+one bucket normalization; an estimator (:func:`register_estimator`) computes the advantages
+itself. A key can be registered once (a second registration raises ValueError).
 
 * ``step_index`` (default): bucket = (group, step index), reward = R_t.
 * ``outcome``: outcome-only GRPO; bucket = group, reward = o.
 * ``state``: identical-state groups in the spirit of GiGPO; bucket =
   (group, hash of the observation before the step), reward = R_t.
+* ``trajectory`` (estimator): ``A_t = A_o + c * (v_t - mean of the episode's valid votes)``,
+  ``A_o`` the outcome normalized over the group's episodes (one value per episode, the rules
+  above for one-member and constant groups); a step is dropped when its ``A_o`` bucket is
+  constant and its vote term is 0. The vote terms of an episode sum to 0, so the number of
+  steps adds no credit. Needs ``StepRows.episode``.
 
-Caveat (veRL RFC #7244): with per-step-index buckets, bucket t only holds the
-episodes that lasted at least t+1 steps, so the baseline a step is compared
-against depends on the trajectory's own stopping time. When the policy
-controls termination (a ``finish`` tool) that baseline is action-dependent
-and the gradient is biased: an implicit bonus or penalty on taking another
-step, of the size of the bucket means of the intermediate rewards. The
-``outcome`` key has no such term; the metrics report episode lengths so the
-effect can be watched when lengths vary a lot.
+Length (veRL RFC #7244, ``docs/learning.md``): with per-step-index buckets, bucket t only
+holds the episodes that lasted at least t+1 steps. Here each step's advantage multiplies only
+that step's own log-prob, and bucket t's members and statistics do not depend on the action
+taken at step t, so when rewards do not depend on the actions the stop decision gets no
+hidden bonus. What does depend on length is an episode's *summed* advantage: a one-member
+bucket keeps its raw reward, ``(E[o] + c E[v]) * P(all others stopped)`` per extra step; it
+turns into a gradient bias only when advantages are summed over the steps to go, which no
+key here does (``python -m bench.advantage_bias`` measures both).
 
 On-Policy Distillation (``opd.mode`` ``opd`` or ``combine``) adds a per-token term on the
 steps that have a hindsight hint; both backends take it from here (:func:`rl_weight`,
@@ -70,6 +77,7 @@ class StepRows:
         vote_mean: mean of the step's valid judge votes; NaN when none was valid.
         state: hash of the observation before the step (``state`` grouping only).
         role: which policy took the step; buckets never mix roles.
+        episode: id of the step's episode (``trajectory`` estimator only).
     """
 
     group: np.ndarray
@@ -78,6 +86,7 @@ class StepRows:
     vote_mean: np.ndarray
     state: np.ndarray | None = None
     role: np.ndarray | None = None
+    episode: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.group = np.asarray(self.group)
@@ -85,7 +94,7 @@ class StepRows:
         self.outcome = np.asarray(self.outcome, dtype=np.float64)
         self.vote_mean = np.asarray(self.vote_mean, dtype=np.float64)
         n = len(self.group)
-        for name in ("step", "outcome", "vote_mean", "state", "role"):
+        for name in ("step", "outcome", "vote_mean", "state", "role", "episode"):
             col = getattr(self, name)
             if col is not None and len(col) != n:
                 raise ValueError(f"StepRows.{name} has {len(col)} rows, group has {n}")
@@ -199,14 +208,39 @@ def bucket_normalize(codes: np.ndarray, values: np.ndarray, *, eps: float = EPS,
 
 Grouping = Callable[[StepRows, float], tuple[np.ndarray, np.ndarray]]
 GROUPINGS: dict[str, Grouping] = {}
+Estimator = Callable[..., Advantages]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def _check_new(name: str) -> None:
+    """Raise when ``name`` is already an advantage key (a grouping or an estimator)."""
+    if name in GROUPINGS or name in ESTIMATORS:
+        raise ValueError(f"advantage key {name!r} is already registered")
 
 
 def register_grouping(name: str) -> Callable[[Grouping], Grouping]:
-    """Register ``fn(rows, c) -> (bucket codes, rewards)`` as grouping key ``name``."""
+    """Register ``fn(rows, c) -> (bucket codes, rewards)`` as grouping key ``name``
+    (ValueError when the key is taken)."""
     def deco(fn: Grouping) -> Grouping:
+        _check_new(name)
         GROUPINGS[name] = fn
         return fn
     return deco
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Register ``fn(rows, c=, eps=, drop_constant=) -> Advantages`` as advantage key ``name``: an
+    estimator that is not one bucket normalization (ValueError when the key is taken)."""
+    def deco(fn: Estimator) -> Estimator:
+        _check_new(name)
+        ESTIMATORS[name] = fn
+        return fn
+    return deco
+
+
+def advantage_keys() -> list[str]:
+    """Every registered advantage key (``advantage.key``), groupings and estimators."""
+    return sorted([*GROUPINGS, *ESTIMATORS])
 
 
 def _role(rows: StepRows) -> np.ndarray:
@@ -228,6 +262,29 @@ def _by_state(rows: StepRows, c: float) -> tuple[np.ndarray, np.ndarray]:
     if rows.state is None:
         raise ValueError("the 'state' grouping needs StepRows.state (observation hashes)")
     return bucket_codes(_role(rows), rows.group, rows.state), step_rewards(rows.outcome, rows.vote_mean, c)
+
+
+@register_estimator("trajectory")
+def _by_trajectory(rows: StepRows, c: float, *, eps: float = EPS, drop_constant: bool = True) -> Advantages:
+    """``A_t = A_o + c * (v_t - mean of the episode's valid votes)``: ``A_o`` normalizes the
+    outcome over the episodes of a (role, group), one value per episode; the process term
+    sums to 0 over each episode, so the number of steps adds no credit (module doc)."""
+    if rows.episode is None:
+        raise ValueError("the 'trajectory' estimator needs StepRows.episode (episode ids)")
+    unit = bucket_codes(_role(rows), rows.episode)
+    first = np.unique(unit, return_index=True)[1]
+    per_unit = bucket_normalize(bucket_codes(np.asarray(_role(rows))[first], rows.group[first]), rows.outcome[first],
+                                eps=eps, drop_constant=drop_constant)
+    a_o, keep_o = np.zeros(int(unit.max()) + 1), np.ones(int(unit.max()) + 1, dtype=bool)
+    a_o[unit[first]], keep_o[unit[first]] = per_unit.advantages, per_unit.keep
+    voted = ~np.isnan(rows.vote_mean)
+    votes = np.where(voted, rows.vote_mean, 0.0)
+    n_votes = np.bincount(unit, weights=voted, minlength=len(a_o))
+    own = np.bincount(unit, weights=votes, minlength=len(a_o)) / np.maximum(n_votes, 1)
+    process = np.where(voted, c * (votes - own[unit]), 0.0)
+    return Advantages(advantages=a_o[unit] + process, rewards=step_rewards(rows.outcome, rows.vote_mean, c),
+                      keep=keep_o[unit] | (process != 0), buckets=per_unit.buckets,
+                      singleton_buckets=per_unit.singleton_buckets, constant_buckets=per_unit.constant_buckets)
 
 
 def state_hash(observation: Any) -> int:
@@ -255,11 +312,13 @@ def states_before(trajectory: Any) -> list[int]:
 def compute_advantages(rows: StepRows, key: str = "step_index", *, c: float = 1.0, eps: float = EPS,
                        drop_constant: bool = True) -> Advantages:
     """Step rewards and bucket-normalized advantages for ``rows`` (see module doc)."""
-    if key not in GROUPINGS:
-        raise ValueError(f"unknown advantage grouping {key!r}; known: {', '.join(sorted(GROUPINGS))}")
+    if key not in GROUPINGS and key not in ESTIMATORS:
+        raise ValueError(f"unknown advantage grouping {key!r}; known: {', '.join(advantage_keys())}")
     if len(rows) == 0:
         empty = np.zeros(0)
         return Advantages(empty, empty, np.zeros(0, dtype=bool), 0, 0, 0)
+    if key in ESTIMATORS:
+        return ESTIMATORS[key](rows, c, eps=eps, drop_constant=drop_constant)
     codes, rewards = GROUPINGS[key](rows, c)
     return bucket_normalize(codes, rewards, eps=eps, drop_constant=drop_constant)
 

@@ -75,8 +75,8 @@ def step_table(trajectories: Sequence[Trajectory], role: str | Sequence[str]
     """Rows for the advantage code and the matching (trajectory, step) pairs (trainable steps
     of ``role`` only; with several roles, buckets are per role too)."""
     roles = _roles(role)
-    group, index, outcome, votes, state, steps = [], [], [], [], [], []
-    for traj in trajectories:
+    group, index, outcome, votes, state, episode, steps = [], [], [], [], [], [], []
+    for n, traj in enumerate(trajectories):
         if traj.status == "aborted":
             continue
         o = float(traj.outcome or 0.0)
@@ -87,10 +87,11 @@ def step_table(trajectories: Sequence[Trajectory], role: str | Sequence[str]
                 outcome.append(o)
                 votes.append(np.nan if step.vote_mean is None else step.vote_mean)
                 state.append(before)
+                episode.append(n)
                 steps.append((traj, step))
     rows = StepRows(group=np.array(group, dtype=object).astype(str), step=np.array(index, dtype=np.int64),
                     outcome=np.array(outcome), vote_mean=np.array(votes, dtype=np.float64),
-                    state=np.array(state, dtype=np.int64),
+                    state=np.array(state, dtype=np.int64), episode=np.array(episode, dtype=np.int64),
                     role=np.array([roles.index(s.role) for _, s in steps], dtype=np.int64) if len(roles) > 1 else None)
     return rows, steps
 

@@ -81,7 +81,7 @@ class JudgeConfig:
 @dataclass
 class AdvantageConfig:
     """Grouping key and what to do with buckets that carry no signal."""
-    key: str = "step_index"           # step_index | outcome | state
+    key: str = "step_index"           # step_index | outcome | state | trajectory
     drop_constant: bool = True        # drop the samples of buckets whose rewards are all equal (else advantage 0)
     eps: float = 1e-6
     shuffle_votes: bool = False       # a control: permute the vote means across a batch's steps
@@ -410,6 +410,6 @@ def validate(cfg: Config) -> None:
     problem = _agents_problem(cfg)
     if problem:
         raise ConfigError(problem)
-    from nextstate.train.advantage import GROUPINGS
-    if cfg.advantage.key not in GROUPINGS:
-        raise ConfigError(f"advantage.key must be one of {', '.join(sorted(GROUPINGS))}, got {cfg.advantage.key!r}")
+    from nextstate.train.advantage import advantage_keys
+    if cfg.advantage.key not in advantage_keys():
+        raise ConfigError(f"advantage.key must be one of {', '.join(advantage_keys())}, got {cfg.advantage.key!r}")

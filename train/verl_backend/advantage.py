@@ -88,6 +88,7 @@ def step_advantages(data: DataProto, *, key: str = "step_index", weight: float =
                     outcome=_column(nt, FIELD_OUTCOME, n, 0.0)[valid].astype(np.float64),
                     vote_mean=_column(nt, FIELD_VOTE_MEAN, n, np.nan)[valid].astype(np.float64),
                     state=_column(nt, FIELD_STATE, n, 0)[valid].astype(np.int64),
+                    episode=_column(nt, FIELD_EPISODE, n, "")[valid].astype(str),
                     role=np.unique(roles, return_inverse=True)[1].astype(np.int64) if len(set(roles)) > 1 else None)
     result = compute_advantages(rows, key, c=weight, eps=eps, drop_constant=drop_constant)
     adv = np.zeros(n)
