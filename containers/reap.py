@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import docker
+import requests
 
 from nextstate.containers.disks import reap_disks
 from nextstate.containers.engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
+
+log = logging.getLogger(__name__)
 
 
 def project_containers(client: docker.DockerClient, run_id: str | None = None, *,
@@ -50,9 +54,14 @@ def reap(
     (whose owners cannot be checked, so all of them match the liveness test).
     With `disks`, the same choice of their loop-mounted disks (:mod:`containers.disks`)
     goes too, after the containers that used them.
+
+    An engine that does not answer a removal in time (a hung or overloaded ``dockerd``) does not
+    fail the caller: that container is left for the next reap, with a warning, and so are the
+    disks this time (one of them may still be in use by it).
     """
     client = client or connect()
     removed = 0
+    pending = []
     for info in project_containers(client):
         if not doomed(info.get("Labels") or {}, all_hosts=all_hosts, run_id=run_id):
             continue
@@ -65,7 +74,12 @@ def reap(
                 _wait_removed(client, info["Id"])
                 continue
             raise
+        except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
+            pending.append(info["Id"][:12])
+            log.warning("reap: the engine did not remove container %s in time (%s); left for the next reap",
+                        info["Id"][:12], type(exc).__name__)
+            continue
         removed += 1
-    if disks:
+    if disks and not pending:
         reap_disks(all_hosts=all_hosts, run_id=run_id)
     return removed

@@ -159,6 +159,34 @@ def test_reap_survives_vanished_container(client: docker.DockerClient) -> None:
     assert reap(fake) == 0
 
 
+def test_reap_leaves_a_removal_the_engine_times_out_on_for_next_time(monkeypatch, caplog) -> None:
+    """An engine that does not answer one removal in time (hung dockerd) fails no caller: the other
+    containers go, that one is left with a warning, and no disk is reaped this time."""
+    import importlib
+
+    import requests
+
+    reap_module = importlib.import_module("nextstate.containers.reap")   # the package re-exports reap()
+    labels = {**owner_labels("gone"), PID_LABEL: str(dead_pid())}
+    removed, disks = [], []
+
+    class Hung:
+        def containers(self, **_: object) -> list[dict]:
+            return [{"Id": "a" * 64, "Labels": labels}, {"Id": "b" * 64, "Labels": labels}]
+
+        def remove_container(self, container_id: str, **_: object) -> None:
+            if container_id.startswith("a"):
+                raise requests.exceptions.ReadTimeout("read timed out (60 s)")
+            removed.append(container_id)
+
+    monkeypatch.setattr(reap_module, "reap_disks", lambda **kw: disks.append(kw))
+    fake = type("Client", (), {"api": Hung()})()
+    with caplog.at_level("WARNING"):
+        assert reap(fake) == 1
+    assert removed == ["b" * 64] and disks == []
+    assert "aaaaaaaaaaaa" in caplog.text and "next reap" in caplog.text
+
+
 def test_chain_and_hash_follow_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nextstate.containers import build as b
 
