@@ -31,7 +31,7 @@ def call(name: str, **arguments: object) -> str:
 # -- loading (no Docker) ------------------------------------------------------------------------
 def test_both_formats_load_as_written() -> None:
     tasks = {t.id: t for t in load_terminal_tasks(FIXTURES)}
-    assert set(tasks) == {"tb-compose-uv", "tb-solution-yaml", "harbor-reward-txt",
+    assert set(tasks) == {"tb-compose-uv", "tb-solution-yaml", "tb-harness-scripts", "harbor-reward-txt",
                           "harbor-compose-json", "harbor-uv-fallback"}
     tb = tasks["tb-compose-uv"].data
     assert tb["format"] == "terminal-bench" and tb["user"] == "root"
@@ -79,6 +79,45 @@ def test_broken_tasks_are_reported_not_raised(tmp_path: Path, capsys: pytest.Cap
     assert "FAIL no-md: could not load: ValueError:" in out and "no instruction.md" in out
     assert main(["validate", "terminal", "--tasks", str(tmp_path / "nowhere")]) == 1
     assert "error: no terminal tasks at" in capsys.readouterr().err
+
+
+def test_harness_scripts_are_supplied_unless_the_task_has_its_own(tmp_path: Path) -> None:
+    from nextstate.envs.terminal.env import _harness_files
+
+    [task] = load_terminal_tasks(FIXTURES / "tb-harness-scripts")
+    assert set(_harness_files(task)) == {"setup-uv-pytest.sh", "run-uv-pytest.sh", ".nextstate-uv/uv"}
+    own = tmp_path / "own"
+    shutil.copytree(FIXTURES / "tb-harness-scripts", own)
+    (own / "tests" / "setup-uv-pytest.sh").write_text("pip3 install pytest\n")
+    [task] = load_terminal_tasks(own)
+    assert set(_harness_files(task)) == {"run-uv-pytest.sh", ".nextstate-uv/uv"}
+    [plain] = load_terminal_tasks(FIXTURES / "tb-compose-uv")
+    assert _harness_files(plain) == {}
+
+
+def test_the_offline_uv_keeps_what_is_installed_and_says_what_it_cannot_get(tmp_path: Path) -> None:
+    """The harness's ``uv`` on this machine's python3 (pip kept off the network)."""
+    import subprocess
+    import sys
+
+    from nextstate.envs.terminal.formats import HARNESS_DIR
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PIP_NO_INDEX": "1", "HOME": str(tmp_path)}
+
+    def uv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(HARNESS_DIR / "uv"), *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+
+    kept = uv("add", "pytest==0.0.1", "--dev")
+    assert kept.returncode == 0 and "pytest==0.0.1: keeps the installed pytest" in kept.stderr
+    missing = uv("add", "nextstate-no-such-package-0")
+    assert missing.returncode == 1 and "could not install nextstate-no-such-package-0" in missing.stderr
+    ran = uv("run", "--with", "pytest", "python", "-c", "print(6 * 7)")
+    assert (ran.returncode, ran.stdout) == (0, "42\n")
+    assert uv("init").returncode == 0 and uv("frobnicate").returncode == 2
 
 
 def test_harbor_reward_mapping_and_test_names() -> None:

@@ -19,7 +19,8 @@ from nextstate.containers.protocol import CommandResult, Sandbox, SandboxError
 from nextstate.envs.actions import ActionError, ToolCall, tool_schema
 from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
 from nextstate.envs.terminal import outdir, procedural
-from nextstate.envs.terminal.formats import BUILTIN_TASKS, DEFAULT_RUN_TESTS, TEST_DIR, load_terminal_tasks, task_image
+from nextstate.envs.terminal.formats import (BUILTIN_TASKS, DEFAULT_RUN_TESTS, HARNESS_DIR, HARNESS_SCRIPTS, TEST_DIR,
+                                             load_terminal_tasks, task_image)
 
 FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
@@ -115,11 +116,23 @@ def _has_test_outputs(task: Task) -> bool:
             or bool(d and (Path(d) / "tests" / "test_outputs.py").is_file()))
 
 
+def _harness_files(task: Task) -> dict[str, Path]:
+    """``{path under TEST_DIR: file}`` of nextstate's harness scripts a terminal-bench task's
+    ``run-tests.sh`` names and its own tests lack (with the offline ``uv`` they put on PATH)."""
+    script, d = task.data.get("run_tests") or "", task.data.get("dir")
+    own = set(task.data.get("tests", {})) | ({p.name for p in (Path(d) / "tests").iterdir()}
+                                             if d and (Path(d) / "tests").is_dir() else set())
+    files = {name: HARNESS_DIR / name for name in HARNESS_SCRIPTS if name in script and name not in own}
+    if files:
+        files[".nextstate-uv/uv"] = HARNESS_DIR / "uv"
+    return files
+
+
 def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     """Install the tests at ``/tests`` and run them as the task's user.
 
-    terminal-bench: ``run-tests.sh``, scored ``2 * passed/total - 1`` from pytest's
-    summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
+    terminal-bench: ``run-tests.sh`` (with the harness scripts it names: :func:`_harness_files`),
+    scored ``2 * passed/total - 1`` from pytest's summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
     # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
@@ -135,6 +148,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
             sandbox.write_file(f"{test_dir}/{name}", text)
         if not harbor:
             sandbox.write_file(f"{test_dir}/run-tests.sh", data.get("run_tests") or DEFAULT_RUN_TESTS, 0o755)
+            for name, source in _harness_files(task).items():
+                sandbox.write_file(f"{test_dir}/{name}", source.read_text(), 0o755)
     except SandboxError as e:
         if not sandbox.is_alive():
             raise

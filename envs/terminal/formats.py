@@ -26,7 +26,10 @@ own (not built on ``${BASE}``) run as root, as terminal-bench and Harbor run
 them; the others run as the sandbox's ``agent``; ``user`` in the task file (or
 the compose service) and the env's ``user`` argument (which wins) say
 otherwise. The tests enter the sandbox only at grading time, at ``/tests``
-(``TEST_DIR``), and run as the task's user.
+(``TEST_DIR``), and run as the task's user. A ``run-tests.sh`` that names
+terminal-bench's harness scripts (``setup-uv-pytest.sh``, ``run-uv-pytest.sh``)
+gets nextstate's offline versions of them (``harness/``) in ``TEST_DIR``
+unless the task's ``tests/`` has its own.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from nextstate.envs.base import Task, read_rows
 BUILTIN_TASKS = Path(__file__).parent / "tasks"
 TEST_DIR = "/tests"
 DEFAULT_RUN_TESTS = '#!/bin/bash\npython3 -m pytest "$TEST_DIR" -rA\n'
+#: nextstate's offline versions of the scripts terminal-bench's harness puts in ``$TEST_DIR``.
+HARNESS_DIR = Path(__file__).parent / "harness"
+HARNESS_SCRIPTS = ("setup-uv-pytest.sh", "run-uv-pytest.sh")
 _YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user")
 # docker-compose variables terminal-bench and Harbor set, as this environment lays the sandbox out.
 _COMPOSE_VARS = {"T_BENCH_TEST_DIR": TEST_DIR, "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
