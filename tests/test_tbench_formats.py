@@ -32,7 +32,7 @@ def call(name: str, **arguments: object) -> str:
 def test_both_formats_load_as_written() -> None:
     tasks = {t.id: t for t in load_terminal_tasks(FIXTURES)}
     assert set(tasks) == {"tb-compose-uv", "tb-solution-yaml", "tb-harness-scripts", "harbor-reward-txt",
-                          "harbor-compose-json", "harbor-uv-fallback"}
+                          "harbor-compose-json", "harbor-uv-fallback", "harbor-schema-1-1"}
     tb = tasks["tb-compose-uv"].data
     assert tb["format"] == "terminal-bench" and tb["user"] == "root"
     assert tb["build"] == {"context": str(FIXTURES / "tb-compose-uv" / "env"), "dockerfile": "Dockerfile"}
@@ -79,6 +79,48 @@ def test_broken_tasks_are_reported_not_raised(tmp_path: Path, capsys: pytest.Cap
     assert "FAIL no-md: could not load: ValueError:" in out and "no instruction.md" in out
     assert main(["validate", "terminal", "--tasks", str(tmp_path / "nowhere")]) == 1
     assert "error: no terminal tasks at" in capsys.readouterr().err
+
+
+def test_harbor_schema_1_x_is_read(tmp_path: Path) -> None:
+    [task] = load_terminal_tasks(FIXTURES / "harbor-schema-1-1")
+    data = task.data
+    assert (data["harbor_name"], data["tags"], task.category) == ("nextstate/harbor-schema-1-1",
+                                                                  ["harbor", "fixture"], "fixture")
+    assert (data["user"], data["verifier_user"], data["verifier_env"]) == ("root", "agent", {"EXPECTED_LINES": "3"})
+    assert (data["cpus"], data["memory"], data["network"], data["max_test_timeout_sec"]) == (1.0, "1024m", False, 60.0)
+    d = tmp_path / "later"
+    shutil.copytree(FIXTURES / "harbor-schema-1-1", d)
+    toml = (d / "task.toml").read_text()
+    (d / "task.toml").write_text(toml.replace('schema_version = "1.1"', 'schema_version = "2.0"'))
+    with pytest.raises(ValueError, match="schema_version '2.0' is not read here"):
+        load_terminal_tasks(d)
+    (d / "task.toml").write_text(toml.replace("[agent]", '[agent]\nuser = "agent"')
+                                 + 'gpus = 1\ndocker_image = "example/prebuilt:1"\n')
+    [task] = load_terminal_tasks(d)
+    assert (task.data["user"], task.data["image_ref"], task.data["build"]) == ("agent", "example/prebuilt:1", None)
+    env = TerminalEnv(d, backend="local")
+    try:
+        assert env.skip_reason(task) == "the task asks for 1 GPU(s); terminal sandboxes have none"
+    finally:
+        env.close()
+
+
+def test_a_harbor_compose_file_needs_a_main_service(tmp_path: Path) -> None:
+    d = tmp_path / "no-main"
+    shutil.copytree(FIXTURES / "harbor-compose-json", d)
+    compose = d / "environment" / "docker-compose.yaml"
+    compose.write_text(compose.read_text().replace("  main:", "  app:"))
+    broken: list[tuple[str, str]] = []
+    assert load_terminal_tasks(tmp_path, broken) == []
+    [(name, why)] = broken
+    assert name == "no-main" and "has no 'main' service" in why and "(it has app)" in why and "\n" not in why
+    compose.write_text(compose.read_text().replace("  app:", "  main:") + "  db:\n    image: postgres:16\n")
+    [task] = load_terminal_tasks(d)
+    env = TerminalEnv(d, backend="local")
+    try:
+        assert "services besides 'main' (db)" in env.skip_reason(task)
+    finally:
+        env.close()
 
 
 def test_harness_scripts_are_supplied_unless_the_task_has_its_own(tmp_path: Path) -> None:
@@ -175,6 +217,12 @@ def test_offline_fallback_is_said_and_tests_run_as_root(terminal_image: str) -> 
         env.step(call("bash", command="echo a > /app/a.txt"))
         _, reward, *_, info = env.step(call("finish"))
         assert info["outcome"]["rewards"] == {"reward": 0.5, "files": 1.0} and reward == 0.0
+        env.reset(options={"task": "harbor-schema-1-1"})
+        obs, *_ = env.step(call("bash", command="ls -A /tests /solution 2>&1; seq 2 > /app/count.txt"))
+        assert "test_outputs.py" not in obs and "solve.sh" not in obs  # the tests come after the agent
+        _, reward, *_, info = env.step(call("finish"))
+        assert info["outcome"]["harbor_reward"] == 0.6667 and reward == pytest.approx(0.3334)
+        assert info["outcome"]["tests"] == {"test_outputs.py::test_the_verifier_runs_as_its_own_user": "passed"}
     finally:
         env.close()
 

@@ -129,10 +129,12 @@ def _harness_files(task: Task) -> dict[str, Path]:
 
 
 def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
-    """Install the tests at ``/tests`` and run them as the task's user.
+    """Install the tests at ``/tests`` and run them as the task's user (Harbor's ``[verifier]``
+    ``user`` when it names another).
 
     terminal-bench: ``run-tests.sh`` (with the harness scripts it names: :func:`_harness_files`),
-    scored ``2 * passed/total - 1`` from pytest's summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
+    scored ``2 * passed/total - 1`` from pytest's summary. Harbor: ``tests/test.sh``, scored from
+    the reward it writes (:func:`harbor_outcome`).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
     # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
@@ -157,7 +159,15 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
 
+    as_user = data.get("verifier_user")
+    if as_user and as_user != (sandbox.spec.user or "root"):  # Harbor's [verifier] user: the tests' own
+        sandbox.run(f"chmod -R a+rwX {REWARD_DIR} {test_dir} 2>/dev/null", timeout=30)
+    else:
+        as_user = None
+
     def run_tests(command: str, limit: float) -> CommandResult:
+        if as_user:
+            command = f"runuser -u {shlex.quote(str(as_user))} -- bash -c {shlex.quote(command)}"
         return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
                            f">{TEST_LOG} 2>&1", timeout=limit)
 
@@ -321,6 +331,8 @@ class TerminalEnv(NextStateEnv):
         if others:
             return (f"docker-compose.yaml has services besides {task.data.get('service')!r} "
                     f"({', '.join(others)}); multi-container tasks are not supported")
+        if task.data.get("gpus"):
+            return f"the task asks for {task.data['gpus']} GPU(s); terminal sandboxes have none"
         return None
 
     @classmethod
