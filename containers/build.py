@@ -59,6 +59,9 @@ CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUND
 BUILD_FAILURES = (
     (r"(?:CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem)",
      "a TLS certificate was not trusted (a TLS-inspecting proxy? its CA must be in the host's bundle)"),
+    (r"Could not resolve host: ([\w.-]+)|Temporary failure resolving '([^']+)'|unable to access "
+     r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+)|Could not resolve '([^']+)'",
+     "the build could not reach {0}"),
     (r"(?:Temporary failure (?:resolving|in name resolution)|Could not resolve host|Network is unreachable|"
      r"Failed to establish a new connection|Name or service not known|Could not connect to)",
      "the build had no network"),
@@ -360,8 +363,8 @@ def trusting_host_ca(text: str, name: str) -> str:
 
 
 def failure_reason(lines: Iterable[str]) -> str:
-    """Why a build failed, from its output: a package not found, no network, an untrusted certificate,
-    a full disk; else the failing step."""
+    """Why a build failed, from its output: a package not found, a host it could not reach (named), no
+    network, an untrusted certificate, a full disk; else the failing step."""
     text = "\n".join(lines)
     for pattern, reason in BUILD_FAILURES:
         found = re.search(pattern, text)

@@ -382,7 +382,13 @@ def test_a_failed_build_says_why() -> None:
                            "[Errno -3] Temporary failure in name resolution')",
                            "ERROR: No matching distribution found for six"]) == "the build had no network"
     assert failure_reason(["Err:1 http://deb.debian.org/debian bookworm InRelease",
-                           "  Temporary failure resolving 'deb.debian.org'"]) == "the build had no network"
+                           "  Temporary failure resolving 'deb.debian.org'"]
+                          ) == "the build could not reach deb.debian.org"
+    assert failure_reason(["fatal: unable to access 'https://github.com/x/y/': Could not resolve host: github.com",
+                           "The command '/bin/sh -c git clone https://github.com/x/y' returned a non-zero code: 128"]
+                          ) == "the build could not reach github.com"
+    assert failure_reason(["WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError("
+                           "...)': /simple/six/ host='pypi.org'"]) == "the build could not reach pypi.org"
     assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
     assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
         "`/bin/sh -c make` exited with 2"
@@ -428,3 +434,63 @@ def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_im
             docker_client.images.remove(tag, force=True)
         except Exception:
             pass
+
+
+def test_infrastructure_failures_are_told_apart_from_the_tasks() -> None:
+    from nextstate.envs.validate import Check, infrastructure, summary
+
+    assert infrastructure("RuntimeError: docker build of /t failed: the build could not reach github.com") == \
+        "unreachable host github.com"
+    assert infrastructure("ValueError: base image python:3.12-slim is not here and cannot be pulled offline: map "
+                          "it") == "missing base python:3.12-slim"
+    assert infrastructure("SandboxError: sandbox ab12 (docker) stopped answering: gone") == "sandbox died"
+    assert infrastructure("the reference solution scored -1.00: no pytest results found: the test runner could "
+                          "not start (exit 127: pytest: command not found)") == "test runner did not start"
+    assert infrastructure("the reference solution scored -1.00: failed: test_outputs.py::test_a") is None
+    assert infrastructure("doing nothing already scores +1") is None
+    checks = [Check("a", True, "", 1.0), Check("b", False, "doing nothing already scores +1", 2.0),
+              Check("c", False, "RuntimeError: the build could not reach github.com", 3.0),
+              Check("d", False, "RuntimeError: the build could not reach github.com", 3.0)]
+    assert checks[2].line() == ("FAIL c  (3.0 s) [infrastructure: unreachable host github.com]: "
+                                "RuntimeError: the build could not reach github.com")
+    assert checks[1].line() == "FAIL b  (2.0 s): doing nothing already scores +1"
+    assert summary(checks) == "1 passed, 3 failed (1 the tasks' own; infrastructure: 2 unreachable host github.com)"
+    assert summary(checks[:2]) == "1 passed, 1 failed"
+
+
+@pytest.mark.docker
+def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A build that needs a host, a base that is not here, a test runner that is not there: each said
+    in its class, apart from a task whose own solution is wrong."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+
+    def task(name: str, dockerfile: str | None = None, run_tests: str | None = None,
+             solution: str = "echo ok > /app/out.txt") -> None:
+        d = tmp_path / name
+        (d / "tests").mkdir(parents=True)
+        (d / "task.yaml").write_text("instruction: Write ok into /app/out.txt.\nmax_test_timeout_sec: 30\n")
+        (d / "tests" / "test_outputs.py").write_text(
+            "from pathlib import Path\n\ndef test_ok():\n    assert Path('/app/out.txt').read_text() == 'ok\\n'\n")
+        (d / "solution.sh").write_text(solution + "\n")
+        if dockerfile:
+            (d / "Dockerfile").write_text(dockerfile)
+        if run_tests:
+            (d / "run-tests.sh").write_text(run_tests)
+
+    task("needs-host", "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\n"
+                       "RUN curl -fsS https://nextstate-unreachable.invalid/\n")
+    task("no-base", "FROM example.invalid/nextstate-no-such-base:1\nWORKDIR /app\n")
+    task("no-runner", run_tests="#!/bin/bash\nnextstate-no-such-runner \"$TEST_DIR\"\n")
+    task("wrong", solution="echo no > /app/out.txt")
+    assert main(["validate", "terminal", "--tasks", str(tmp_path), "--parallel", "2", "--backend", "docker"]) == 1
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("FAIL ")}
+    assert "[infrastructure: unreachable host nextstate-unreachable.invalid]" in lines["needs-host"]
+    assert "[infrastructure: missing base example.invalid/nextstate-no-such-base:1]" in lines["no-base"]
+    assert "[infrastructure: test runner did not start]" in lines["no-runner"]
+    assert "exit 127" in lines["no-runner"] and "[infrastructure" not in lines["wrong"]
+    assert out.rstrip().endswith("0 passed, 4 failed (1 the tasks' own; infrastructure: 1 missing base "
+                                 "example.invalid/nextstate-no-such-base:1, 1 test runner did not start, "
+                                 "1 unreachable host nextstate-unreachable.invalid)")

@@ -35,6 +35,8 @@ _TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
 _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\bapt(-get)? (update|install))",
                         re.M)
+# A test runner that is not there: no pytest for python3, or a runner command not found.
+_RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|python3?): (command )?not found")
 # pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
 _PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
 
@@ -107,6 +109,17 @@ def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
     if harbor:
         command += f"; rc=$?; [ $rc = 0 ] && r=1 || r=0; echo $r > {REWARD_DIR}/reward.txt; exit $rc"
     return command, why
+
+
+def _runner_failure(run: CommandResult, log: str) -> str | None:
+    """Why the test runner could not start (exit 126/127, or no pytest to run), else None."""
+    if run.timed_out:
+        return None
+    found = _RUNNER_MISSING.search(log)
+    if not found and run.exit_code not in (126, 127):
+        return None
+    said = found.group(0) if found else (log.strip().splitlines() or ["no output"])[-1][-200:]
+    return f"the test runner could not start (exit {run.exit_code}: {said})"
 
 
 def _has_test_outputs(task: Task) -> bool:
@@ -199,6 +212,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
             if run.timed_out:
                 details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
+            elif reward is None and (runner := _runner_failure(run, details["log_tail"])):
+                details["reason"] = runner
             details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
@@ -209,7 +224,7 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
     if not tests:
         why = (f"the tests timed out after {timeout:g} s" if run.timed_out
-               else f"the test script exited with {run.exit_code}")
+               else _runner_failure(run, details["log_tail"]) or f"the test script exited with {run.exit_code}")
         details["reason"] = f"no pytest results found: {why}"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
