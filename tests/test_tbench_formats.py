@@ -494,3 +494,45 @@ def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_pat
     assert out.rstrip().endswith("0 passed, 4 failed (1 the tasks' own; infrastructure: 1 missing base "
                                  "example.invalid/nextstate-no-such-base:1, 1 test runner did not start, "
                                  "1 unreachable host nextstate-unreachable.invalid)")
+
+
+def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    import docker
+
+    from nextstate.containers.build import public_stand_ins
+
+    class Engine:  # an engine that has only ubuntu:22.04
+        class api:  # noqa: N801
+            @staticmethod
+            def inspect_image(ref: str) -> dict:
+                if ref == "ubuntu:22.04":
+                    return {"Id": "sha256:1"}
+                raise docker.errors.ImageNotFound(ref)
+
+    text = "FROM python:3.12-slim-bookworm AS b\nFROM ubuntu:22.04\nFROM ghcr.io/laude-institute/t-bench/x:1\n"
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    extra = public_stand_ins(Engine(), text)
+    assert extra == [("python:3*", "tbench-python")]  # ubuntu:22.04 is here; t-bench/* is in the table
+    assert resolve_from(text, extra)[0].splitlines()[0] == "FROM nextstate/tbench-python:latest AS b"
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
+    assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
+
+
+@pytest.mark.docker
+def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.12-slim`` offline: the stand-in, where pip is not refused by PEP 668."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nWORKDIR /srv\n"
+        "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; cat /tmp/pip.log\n")
+    tag = f"nextstate-test/pystandin-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        log = docker_client.containers.run(tag, ["cat", "/tmp/pip.log"], remove=True).decode()
+        assert "externally-managed" not in log and "No matching distribution" in log, log
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass
