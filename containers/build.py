@@ -59,6 +59,9 @@ CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUND
 BUILD_FAILURES = (
     (r"(?:CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem)",
      "a TLS certificate was not trusted (a TLS-inspecting proxy? its CA must be in the host's bundle)"),
+    (r"Could not resolve host: ([\w.-]+)|Temporary failure resolving '([^']+)'|unable to access "
+     r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+)|Could not resolve '([^']+)'",
+     "the build could not reach {0}"),
     (r"(?:Temporary failure (?:resolving|in name resolution)|Could not resolve host|Network is unreachable|"
      r"Failed to establish a new connection|Name or service not known|Could not connect to)",
      "the build had no network"),
@@ -174,6 +177,7 @@ def read_packages(directory: Path) -> list[str]:
 
 
 BASE_TABLE = ROOT / "base-images.yaml"
+PUBLIC_TABLE = ROOT / "public-bases.yaml"
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -181,21 +185,35 @@ def base_images() -> list[tuple[str, str]]:
     """The base image table: (reference pattern, local image), the user's files
     (``NEXTSTATE_BASE_IMAGES``) first, then containers/base-images.yaml."""
     files = [Path(f) for f in os.environ.get("NEXTSTATE_BASE_IMAGES", "").split(os.pathsep) if f]
-    table: list[tuple[str, str]] = []
-    for path in [*files, BASE_TABLE]:
-        try:
-            entries = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"base image table {path}: {exc}") from None
-        if not isinstance(entries, dict):
-            raise ValueError(f"base image table {path}: expected a mapping of pattern: image")
-        table += [(str(k), str(v)) for k, v in entries.items()]
-    return table
+    return [entry for path in [*files, BASE_TABLE] for entry in _read_table(path)]
 
 
-def local_base(ref: str) -> str | None:
-    """The local image the table maps the reference `ref` to, or None."""
-    return next((local for pattern, local in base_images() if fnmatch.fnmatchcase(ref, pattern)), None)
+def _read_table(path: Path) -> list[tuple[str, str]]:
+    """One base image table file: its (pattern, local image) entries in order."""
+    try:
+        entries = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"base image table {path}: {exc}") from None
+    if not isinstance(entries, dict):
+        raise ValueError(f"base image table {path}: expected a mapping of pattern: image")
+    return [(str(k), str(v)) for k, v in entries.items()]
+
+
+def local_base(ref: str, extra: Iterable[tuple[str, str]] = ()) -> str | None:
+    """The local image the table (then ``extra``'s entries) maps the reference `ref` to, or None."""
+    return next((local for pattern, local in [*base_images(), *extra] if fnmatch.fnmatchcase(ref, pattern)), None)
+
+
+def public_stand_ins(client: docker.DockerClient, text: str) -> list[tuple[str, str]]:
+    """The entries of containers/public-bases.yaml for the ``FROM`` references of a Dockerfile's
+    `text` that no base image table maps, that are not here and that cannot be pulled (offline):
+    a public base (``python:3.12-slim``, ``ubuntu:24.04``) gets its stand-in only where the
+    original cannot be had."""
+    refs = [ref for ref in from_refs(text) if local_base(ref) is None and image_info(client, ref) is None]
+    if not refs or not is_offline(client):
+        return []
+    return [(pattern, local) for pattern, local in _read_table(PUBLIC_TABLE)
+            if any(fnmatch.fnmatchcase(ref, pattern) for ref in refs)]
 
 
 def from_refs(text: str) -> list[str]:
@@ -210,14 +228,15 @@ def from_refs(text: str) -> list[str]:
     return refs
 
 
-def resolve_from(text: str) -> tuple[str, dict[str, str]]:
-    """A Dockerfile's text with every mapped ``FROM`` reference replaced by its local
-    image (known images by their tag), and {original: local} of what was replaced.
-    ``--platform`` flags go with a replaced reference: the local image is this host's."""
+def resolve_from(text: str, extra: Iterable[tuple[str, str]] = ()) -> tuple[str, dict[str, str]]:
+    """A Dockerfile's text with every mapped ``FROM`` reference (the tables', then `extra`'s)
+    replaced by its local image (known images by their tag), and {original: local} of what was
+    replaced. ``--platform`` flags go with a replaced reference: the local image is this host's."""
     mapped: dict[str, str] = {}
+    extra = list(extra)
 
     def swap(m: re.Match[str]) -> str:
-        local = local_base(m.group(3))
+        local = local_base(m.group(3), extra)
         if local is None:
             return m.group(0)
         mapped[m.group(3)] = tag_of(known_name(local)) if known_name(local) else local
@@ -360,8 +379,8 @@ def trusting_host_ca(text: str, name: str) -> str:
 
 
 def failure_reason(lines: Iterable[str]) -> str:
-    """Why a build failed, from its output: a package not found, no network, an untrusted certificate,
-    a full disk; else the failing step."""
+    """Why a build failed, from its output: a package not found, a host it could not reach (named), no
+    network, an untrusted certificate, a full disk; else the failing step."""
     text = "\n".join(lines)
     for pattern, reason in BUILD_FAILURES:
         found = re.search(pattern, text)
@@ -614,7 +633,8 @@ def build_image(
     name or any reference; default our terminal image), passed as the BASE
     build arg.  ``FROM`` references the base image table maps
     (:func:`base_images`) are replaced by their local images, built first
-    when they are ours.  `dockerfile` (default ``Dockerfile`` in the
+    when they are ours; so are public bases that cannot be had here
+    (:func:`public_stand_ins`).  `dockerfile` (default ``Dockerfile`` in the
     directory; relative paths are to it) may lie anywhere.  Cached by a hash
     of the directory, the Dockerfile as built and the image ids of its bases.
     The build has the network while a package registry answers, trusting the
@@ -629,7 +649,7 @@ def build_image(
     if not source.is_file():
         raise ValueError(f"no Dockerfile at {source}")
     original = source.read_text()
-    text, mapped = resolve_from(original)
+    text, mapped = resolve_from(original, public_stand_ins(client, original))
     bases = {ref: (build(name, client=client).tag if (name := known_name(local)) else local)
              for ref, local in mapped.items()}
     base_arg = re.search(r"^\s*ARG\s+BASE\b", text, re.MULTILINE) is not None

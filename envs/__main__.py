@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from nextstate.envs import registry
-from nextstate.envs.validate import validate
+from nextstate.envs.validate import summary, validate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    failed = sum(not c.ok for c in checks)
-    print(f"{len(checks) - failed} passed, {failed} failed")
-    return 1 if failed or not checks else 0
+    print(summary(checks))
+    return 1 if not checks or not all(c.ok for c in checks) else 0
 
 
 if __name__ == "__main__":

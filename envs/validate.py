@@ -9,7 +9,9 @@ Families that name none get :func:`check_oracles`, which plays the env's
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,6 +23,16 @@ from nextstate.envs.base import NextStateEnv, Task, play
 from nextstate.envs.pool import EnvCache
 
 CheckFn = Callable[[NextStateEnv, Task], "str | None"]
+#: Failures of the machinery, not of the task or the agent: (pattern of a one-line reason, class).
+INFRASTRUCTURE = (
+    (r"could not reach ([\w.-]+)", "unreachable host {0}"),
+    (r"the build had no network", "no network"),
+    (r"a TLS certificate was not trusted", "untrusted TLS certificate"),
+    (r"base image (\S+) is not here|image (\S+) not found; build it", "missing base {0}"),
+    (r"stopped answering|sandbox shell did not start|cannot start a shell|Docker engine not reachable|"
+     r"no Docker engine of the pool answers", "sandbox died"),
+    (r"the test runner could not start", "test runner did not start"),
+)
 
 
 @dataclass
@@ -32,10 +44,42 @@ class Check:
     reason: str = ""
     seconds: float | None = None  # None: never ran (it could not be loaded)
 
+    @property
+    def infrastructure(self) -> str | None:
+        """The infrastructure class of a failure (:func:`infrastructure`); None for a pass or the task's own."""
+        return None if self.ok else infrastructure(self.reason)
+
     def line(self) -> str:
-        """``ok   ID  (12.3 s)`` or ``FAIL ID  (12.3 s): reason``."""
+        """``ok   ID  (12.3 s)``, ``FAIL ID  (12.3 s): reason``, or for an infrastructure failure
+        ``FAIL ID  (12.3 s) [infrastructure: class]: reason``."""
         took = "" if self.seconds is None else f"  ({self.seconds:.1f} s)"
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.task_id}{took}" + ("" if self.ok else f": {self.reason}")
+        if self.ok:
+            return f"ok   {self.task_id}{took}"
+        infra = f" [infrastructure: {self.infrastructure}]" if self.infrastructure else ""
+        return f"FAIL {self.task_id}{took}{infra}: {self.reason}"
+
+
+def infrastructure(reason: str) -> str | None:
+    """The infrastructure failure a one-line reason tells of (a host the build could not reach, named;
+    no network; a missing base image; a sandbox that died; a test runner that could not start), or
+    None: the task's (or the agent's) own failure."""
+    for pattern, label in INFRASTRUCTURE:
+        found = re.search(pattern, reason)
+        if found:
+            return label.format(next((g for g in found.groups() if g), ""))
+    return None
+
+
+def summary(checks: list[Check]) -> str:
+    """``3 passed, 2 failed``, and where some failures are the infrastructure's, how many of each class:
+    ``3 passed, 2 failed (1 the tasks' own; infrastructure: 1 unreachable host github.com)``."""
+    failed = [c for c in checks if not c.ok]
+    text = f"{len(checks) - len(failed)} passed, {len(failed)} failed"
+    infra = Counter(c.infrastructure for c in failed if c.infrastructure)
+    if infra:
+        own = len(failed) - sum(infra.values())
+        text += f" ({own} the tasks' own; infrastructure: {', '.join(f'{n} {k}' for k, n in sorted(infra.items()))})"
+    return text
 
 
 def validator(family: str) -> tuple[type[NextStateEnv], CheckFn]:

@@ -31,8 +31,8 @@ def call(name: str, **arguments: object) -> str:
 # -- loading (no Docker) ------------------------------------------------------------------------
 def test_both_formats_load_as_written() -> None:
     tasks = {t.id: t for t in load_terminal_tasks(FIXTURES)}
-    assert set(tasks) == {"tb-compose-uv", "tb-solution-yaml", "harbor-reward-txt",
-                          "harbor-compose-json", "harbor-uv-fallback"}
+    assert set(tasks) == {"tb-compose-uv", "tb-solution-yaml", "tb-harness-scripts", "harbor-reward-txt",
+                          "harbor-compose-json", "harbor-uv-fallback", "harbor-schema-1-1"}
     tb = tasks["tb-compose-uv"].data
     assert tb["format"] == "terminal-bench" and tb["user"] == "root"
     assert tb["build"] == {"context": str(FIXTURES / "tb-compose-uv" / "env"), "dockerfile": "Dockerfile"}
@@ -79,6 +79,87 @@ def test_broken_tasks_are_reported_not_raised(tmp_path: Path, capsys: pytest.Cap
     assert "FAIL no-md: could not load: ValueError:" in out and "no instruction.md" in out
     assert main(["validate", "terminal", "--tasks", str(tmp_path / "nowhere")]) == 1
     assert "error: no terminal tasks at" in capsys.readouterr().err
+
+
+def test_harbor_schema_1_x_is_read(tmp_path: Path) -> None:
+    [task] = load_terminal_tasks(FIXTURES / "harbor-schema-1-1")
+    data = task.data
+    assert (data["harbor_name"], data["tags"], task.category) == ("nextstate/harbor-schema-1-1",
+                                                                  ["harbor", "fixture"], "fixture")
+    assert (data["user"], data["verifier_user"], data["verifier_env"]) == ("root", "agent", {"EXPECTED_LINES": "3"})
+    assert (data["cpus"], data["memory"], data["network"], data["max_test_timeout_sec"]) == (1.0, "1024m", False, 60.0)
+    d = tmp_path / "later"
+    shutil.copytree(FIXTURES / "harbor-schema-1-1", d)
+    toml = (d / "task.toml").read_text()
+    (d / "task.toml").write_text(toml.replace('schema_version = "1.1"', 'schema_version = "2.0"'))
+    with pytest.raises(ValueError, match="schema_version '2.0' is not read here"):
+        load_terminal_tasks(d)
+    (d / "task.toml").write_text(toml.replace("[agent]", '[agent]\nuser = "agent"')
+                                 + 'gpus = 1\ndocker_image = "example/prebuilt:1"\n')
+    [task] = load_terminal_tasks(d)
+    assert (task.data["user"], task.data["image_ref"], task.data["build"]) == ("agent", "example/prebuilt:1", None)
+    env = TerminalEnv(d, backend="local")
+    try:
+        assert env.skip_reason(task) == "the task asks for 1 GPU(s); terminal sandboxes have none"
+    finally:
+        env.close()
+
+
+def test_a_harbor_compose_file_needs_a_main_service(tmp_path: Path) -> None:
+    d = tmp_path / "no-main"
+    shutil.copytree(FIXTURES / "harbor-compose-json", d)
+    compose = d / "environment" / "docker-compose.yaml"
+    compose.write_text(compose.read_text().replace("  main:", "  app:"))
+    broken: list[tuple[str, str]] = []
+    assert load_terminal_tasks(tmp_path, broken) == []
+    [(name, why)] = broken
+    assert name == "no-main" and "has no 'main' service" in why and "(it has app)" in why and "\n" not in why
+    compose.write_text(compose.read_text().replace("  app:", "  main:") + "  db:\n    image: postgres:16\n")
+    [task] = load_terminal_tasks(d)
+    env = TerminalEnv(d, backend="local")
+    try:
+        assert "services besides 'main' (db)" in env.skip_reason(task)
+    finally:
+        env.close()
+
+
+def test_harness_scripts_are_supplied_unless_the_task_has_its_own(tmp_path: Path) -> None:
+    from nextstate.envs.terminal.env import _harness_files
+
+    [task] = load_terminal_tasks(FIXTURES / "tb-harness-scripts")
+    assert set(_harness_files(task)) == {"setup-uv-pytest.sh", "run-uv-pytest.sh", ".nextstate-uv/uv"}
+    own = tmp_path / "own"
+    shutil.copytree(FIXTURES / "tb-harness-scripts", own)
+    (own / "tests" / "setup-uv-pytest.sh").write_text("pip3 install pytest\n")
+    [task] = load_terminal_tasks(own)
+    assert set(_harness_files(task)) == {"run-uv-pytest.sh", ".nextstate-uv/uv"}
+    [plain] = load_terminal_tasks(FIXTURES / "tb-compose-uv")
+    assert _harness_files(plain) == {}
+
+
+def test_the_offline_uv_keeps_what_is_installed_and_says_what_it_cannot_get(tmp_path: Path) -> None:
+    """The harness's ``uv`` on this machine's python3 (pip kept off the network)."""
+    import subprocess
+    import sys
+
+    from nextstate.envs.terminal.formats import HARNESS_DIR
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PIP_NO_INDEX": "1", "HOME": str(tmp_path)}
+
+    def uv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(HARNESS_DIR / "uv"), *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=120)
+
+    kept = uv("add", "pytest==0.0.1", "--dev")
+    assert kept.returncode == 0 and "pytest==0.0.1: keeps the installed pytest" in kept.stderr
+    missing = uv("add", "nextstate-no-such-package-0")
+    assert missing.returncode == 1 and "could not install nextstate-no-such-package-0" in missing.stderr
+    ran = uv("run", "--with", "pytest", "python", "-c", "print(6 * 7)")
+    assert (ran.returncode, ran.stdout) == (0, "42\n")
+    assert uv("init").returncode == 0 and uv("frobnicate").returncode == 2
 
 
 def test_harbor_reward_mapping_and_test_names() -> None:
@@ -136,6 +217,12 @@ def test_offline_fallback_is_said_and_tests_run_as_root(terminal_image: str) -> 
         env.step(call("bash", command="echo a > /app/a.txt"))
         _, reward, *_, info = env.step(call("finish"))
         assert info["outcome"]["rewards"] == {"reward": 0.5, "files": 1.0} and reward == 0.0
+        env.reset(options={"task": "harbor-schema-1-1"})
+        obs, *_ = env.step(call("bash", command="ls -A /tests /solution 2>&1; seq 2 > /app/count.txt"))
+        assert "test_outputs.py" not in obs and "solve.sh" not in obs  # the tests come after the agent
+        _, reward, *_, info = env.step(call("finish"))
+        assert info["outcome"]["harbor_reward"] == 0.6667 and reward == pytest.approx(0.3334)
+        assert info["outcome"]["tests"] == {"test_outputs.py::test_the_verifier_runs_as_its_own_user": "passed"}
     finally:
         env.close()
 
@@ -295,7 +382,13 @@ def test_a_failed_build_says_why() -> None:
                            "[Errno -3] Temporary failure in name resolution')",
                            "ERROR: No matching distribution found for six"]) == "the build had no network"
     assert failure_reason(["Err:1 http://deb.debian.org/debian bookworm InRelease",
-                           "  Temporary failure resolving 'deb.debian.org'"]) == "the build had no network"
+                           "  Temporary failure resolving 'deb.debian.org'"]
+                          ) == "the build could not reach deb.debian.org"
+    assert failure_reason(["fatal: unable to access 'https://github.com/x/y/': Could not resolve host: github.com",
+                           "The command '/bin/sh -c git clone https://github.com/x/y' returned a non-zero code: 128"]
+                          ) == "the build could not reach github.com"
+    assert failure_reason(["WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError("
+                           "...)': /simple/six/ host='pypi.org'"]) == "the build could not reach pypi.org"
     assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
     assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
         "`/bin/sh -c make` exited with 2"
@@ -336,6 +429,108 @@ def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_im
                                              "RUN python3 -m pip install --break-system-packages nextstate-no-such-package-0\n")
         with pytest.raises(RuntimeError, match="failed: pip found no package nextstate-no-such-package-0"):
             build_image(tmp_path, tag, client=docker_client)
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass
+
+
+def test_infrastructure_failures_are_told_apart_from_the_tasks() -> None:
+    from nextstate.envs.validate import Check, infrastructure, summary
+
+    assert infrastructure("RuntimeError: docker build of /t failed: the build could not reach github.com") == \
+        "unreachable host github.com"
+    assert infrastructure("ValueError: base image python:3.12-slim is not here and cannot be pulled offline: map "
+                          "it") == "missing base python:3.12-slim"
+    assert infrastructure("SandboxError: sandbox ab12 (docker) stopped answering: gone") == "sandbox died"
+    assert infrastructure("the reference solution scored -1.00: no pytest results found: the test runner could "
+                          "not start (exit 127: pytest: command not found)") == "test runner did not start"
+    assert infrastructure("the reference solution scored -1.00: failed: test_outputs.py::test_a") is None
+    assert infrastructure("doing nothing already scores +1") is None
+    checks = [Check("a", True, "", 1.0), Check("b", False, "doing nothing already scores +1", 2.0),
+              Check("c", False, "RuntimeError: the build could not reach github.com", 3.0),
+              Check("d", False, "RuntimeError: the build could not reach github.com", 3.0)]
+    assert checks[2].line() == ("FAIL c  (3.0 s) [infrastructure: unreachable host github.com]: "
+                                "RuntimeError: the build could not reach github.com")
+    assert checks[1].line() == "FAIL b  (2.0 s): doing nothing already scores +1"
+    assert summary(checks) == "1 passed, 3 failed (1 the tasks' own; infrastructure: 2 unreachable host github.com)"
+    assert summary(checks[:2]) == "1 passed, 1 failed"
+
+
+@pytest.mark.docker
+def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A build that needs a host, a base that is not here, a test runner that is not there: each said
+    in its class, apart from a task whose own solution is wrong."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+
+    def task(name: str, dockerfile: str | None = None, run_tests: str | None = None,
+             solution: str = "echo ok > /app/out.txt") -> None:
+        d = tmp_path / name
+        (d / "tests").mkdir(parents=True)
+        (d / "task.yaml").write_text("instruction: Write ok into /app/out.txt.\nmax_test_timeout_sec: 30\n")
+        (d / "tests" / "test_outputs.py").write_text(
+            "from pathlib import Path\n\ndef test_ok():\n    assert Path('/app/out.txt').read_text() == 'ok\\n'\n")
+        (d / "solution.sh").write_text(solution + "\n")
+        if dockerfile:
+            (d / "Dockerfile").write_text(dockerfile)
+        if run_tests:
+            (d / "run-tests.sh").write_text(run_tests)
+
+    task("needs-host", "ARG BASE=nextstate/terminal:latest\nFROM ${BASE}\n"
+                       "RUN curl -fsS https://nextstate-unreachable.invalid/\n")
+    task("no-base", "FROM example.invalid/nextstate-no-such-base:1\nWORKDIR /app\n")
+    task("no-runner", run_tests="#!/bin/bash\nnextstate-no-such-runner \"$TEST_DIR\"\n")
+    task("wrong", solution="echo no > /app/out.txt")
+    assert main(["validate", "terminal", "--tasks", str(tmp_path), "--parallel", "2", "--backend", "docker"]) == 1
+    out = capsys.readouterr().out
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("FAIL ")}
+    assert "[infrastructure: unreachable host nextstate-unreachable.invalid]" in lines["needs-host"]
+    assert "[infrastructure: missing base example.invalid/nextstate-no-such-base:1]" in lines["no-base"]
+    assert "[infrastructure: test runner did not start]" in lines["no-runner"]
+    assert "exit 127" in lines["no-runner"] and "[infrastructure" not in lines["wrong"]
+    assert out.rstrip().endswith("0 passed, 4 failed (1 the tasks' own; infrastructure: 1 missing base "
+                                 "example.invalid/nextstate-no-such-base:1, 1 test runner did not start, "
+                                 "1 unreachable host nextstate-unreachable.invalid)")
+
+
+def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    import docker
+
+    from nextstate.containers.build import public_stand_ins
+
+    class Engine:  # an engine that has only ubuntu:22.04
+        class api:  # noqa: N801
+            @staticmethod
+            def inspect_image(ref: str) -> dict:
+                if ref == "ubuntu:22.04":
+                    return {"Id": "sha256:1"}
+                raise docker.errors.ImageNotFound(ref)
+
+    text = "FROM python:3.12-slim-bookworm AS b\nFROM ubuntu:22.04\nFROM ghcr.io/laude-institute/t-bench/x:1\n"
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    extra = public_stand_ins(Engine(), text)
+    assert extra == [("python:3*", "tbench-python")]  # ubuntu:22.04 is here; t-bench/* is in the table
+    assert resolve_from(text, extra)[0].splitlines()[0] == "FROM nextstate/tbench-python:latest AS b"
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
+    assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
+
+
+@pytest.mark.docker
+def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.12-slim`` offline: the stand-in, where pip is not refused by PEP 668."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nWORKDIR /srv\n"
+        "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; cat /tmp/pip.log\n")
+    tag = f"nextstate-test/pystandin-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        log = docker_client.containers.run(tag, ["cat", "/tmp/pip.log"], remove=True).decode()
+        assert "externally-managed" not in log and "No matching distribution" in log, log
     finally:
         try:
             docker_client.images.remove(tag, force=True)

@@ -14,7 +14,8 @@ the rates.
 
 Writes to ``--output``: ``results.jsonl`` (one line per task: success, reward,
 status, steps, tokens, time, failure reason), ``report.json`` (success rate,
-mean outcome, per-category breakdown) and, for SWE, ``predictions.jsonl`` in
+mean outcome, per-category breakdown, ``infrastructure``: failures that were the machinery's, by
+class, also on the summary line) and, for SWE, ``predictions.jsonl`` in
 SWE-bench's format (``instance_id``, ``model_name_or_path``, ``model_patch``),
 which swebench's harness reads; for a model policy, ``rollouts.jsonl`` (every step's prompt,
 action and next state, as training writes it; images as PNG files in ``images/``).
@@ -39,6 +40,7 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections import Counter  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor, as_completed  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
@@ -49,6 +51,7 @@ from nextstate.agents.chat import ChatConfig  # noqa: E402
 from nextstate.envs import env_class, registry  # noqa: E402
 from nextstate.envs.base import NextStateEnv, Task, TaskUnsupported  # noqa: E402
 from nextstate.envs.pool import EnvCache  # noqa: E402
+from nextstate.envs.validate import infrastructure  # noqa: E402
 
 ORACLE_KINDS = ("gold", "noop")
 #: Exceptions that mean the run's configuration is wrong (a missing image, a bad row), not an episode.
@@ -147,7 +150,8 @@ def run_policy(env_factory: Callable[[], NextStateEnv], tasks: list[Task], polic
 
 def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: str,
               elapsed: float) -> dict[str, Any]:
-    """report.json: success rate, mean outcome, and both per category."""
+    """report.json: success rate, mean outcome, and both per category; failures that were the
+    infrastructure's, by class (:func:`envs.validate.infrastructure`)."""
     def stats(group: list[dict[str, Any]]) -> dict[str, Any]:
         rewards = [r["reward"] for r in group if r["reward"] is not None]
         succeeded = sum(r["success"] for r in group)
@@ -157,6 +161,9 @@ def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: st
                 "aborted": sum(r["status"] == "aborted" for r in group)}
 
     aborted = [r.get("reason") or "unknown" for r in rows if r["status"] == "aborted"]
+    infra = Counter(infrastructure(str(r["reason"])) for r in rows
+                    if not r["success"] and r["status"] != "skipped" and r.get("reason"))
+    infra.pop(None, None)
 
     skipped = {r["task_id"]: r["reason"] for r in rows if r["status"] == "skipped"}
     rows = [r for r in rows if r["status"] != "skipped"]
@@ -164,7 +171,8 @@ def summarize(rows: list[dict[str, Any]], *, family: str, tasks: str, policy: st
     report = {"env": family, "tasks": tasks, "policy": policy, **stats(rows),
               "by_category": {c: stats([r for r in rows if r["category"] == c]) for c in categories},
               "skipped": len(skipped), "skipped_reasons": skipped, "elapsed": round(elapsed, 1),
-              "abort_reasons": {reason: aborted.count(reason) for reason in dict.fromkeys(aborted)}}
+              "abort_reasons": {reason: aborted.count(reason) for reason in dict.fromkeys(aborted)},
+              "infrastructure": dict(sorted(infra.items()))}
     if family == "swe":
         report["resolve_rate"] = report["success_rate"]
         report["resolved_ids"] = sorted(r["task_id"] for r in rows if r["success"])
@@ -275,7 +283,13 @@ def summary_line(report: dict[str, Any], output: str | Path) -> str:
     return (f"{report['env']} / {report['policy']}: {report['succeeded']}/{report['total']} {word} "
             f"({100 * report['success_rate']:.1f}%), mean outcome "
             f"{'n/a' if mean is None else f'{mean:+.2f}'}, {report['aborted']} aborted, "
-            f"{report['skipped']} skipped -> {output}")
+            f"{report['skipped']} skipped{_infrastructure_note(report)} -> {output}")
+
+
+def _infrastructure_note(report: dict[str, Any]) -> str:
+    """``, infrastructure: 2 sandbox died`` when some failures were the infrastructure's."""
+    infra = report.get("infrastructure") or {}
+    return f", infrastructure: {', '.join(f'{n} {k}' for k, n in infra.items())}" if infra else ""
 
 
 def check_args(args: argparse.Namespace) -> None:

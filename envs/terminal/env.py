@@ -19,7 +19,8 @@ from nextstate.containers.protocol import CommandResult, Sandbox, SandboxError
 from nextstate.envs.actions import ActionError, ToolCall, tool_schema
 from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
 from nextstate.envs.terminal import outdir, procedural
-from nextstate.envs.terminal.formats import BUILTIN_TASKS, DEFAULT_RUN_TESTS, TEST_DIR, load_terminal_tasks, task_image
+from nextstate.envs.terminal.formats import (BUILTIN_TASKS, DEFAULT_RUN_TESTS, HARNESS_DIR, HARNESS_SCRIPTS, TEST_DIR,
+                                             load_terminal_tasks, task_image)
 
 FALLBACK_TEST_DIR = "/tmp/tests"  # where the user cannot make /tests
 TEST_LOG = "/tmp/test-output.log"
@@ -34,6 +35,8 @@ _TEST_DIR_PREFIX = re.compile(r"^((\.\./)+|/)(tmp/)?tests/")
 # A test script line that fetches something (uv, pip, apt, curl): it cannot work offline.
 _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\bapt(-get)? (update|install))",
                         re.M)
+# A test runner that is not there: no pytest for python3, or a runner command not found.
+_RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|python3?): (command )?not found")
 # pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
 _PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
 
@@ -108,6 +111,17 @@ def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
     return command, why
 
 
+def _runner_failure(run: CommandResult, log: str) -> str | None:
+    """Why the test runner could not start (exit 126/127, or no pytest to run), else None."""
+    if run.timed_out:
+        return None
+    found = _RUNNER_MISSING.search(log)
+    if not found and run.exit_code not in (126, 127):
+        return None
+    said = found.group(0) if found else (log.strip().splitlines() or ["no output"])[-1][-200:]
+    return f"the test runner could not start (exit {run.exit_code}: {said})"
+
+
 def _has_test_outputs(task: Task) -> bool:
     """Whether the task's tests include ``test_outputs.py``."""
     d = task.data.get("dir")
@@ -115,11 +129,25 @@ def _has_test_outputs(task: Task) -> bool:
             or bool(d and (Path(d) / "tests" / "test_outputs.py").is_file()))
 
 
-def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
-    """Install the tests at ``/tests`` and run them as the task's user.
+def _harness_files(task: Task) -> dict[str, Path]:
+    """``{path under TEST_DIR: file}`` of nextstate's harness scripts a terminal-bench task's
+    ``run-tests.sh`` names and its own tests lack (with the offline ``uv`` they put on PATH)."""
+    script, d = task.data.get("run_tests") or "", task.data.get("dir")
+    own = set(task.data.get("tests", {})) | ({p.name for p in (Path(d) / "tests").iterdir()}
+                                             if d and (Path(d) / "tests").is_dir() else set())
+    files = {name: HARNESS_DIR / name for name in HARNESS_SCRIPTS if name in script and name not in own}
+    if files:
+        files[".nextstate-uv/uv"] = HARNESS_DIR / "uv"
+    return files
 
-    terminal-bench: ``run-tests.sh``, scored ``2 * passed/total - 1`` from pytest's
-    summary. Harbor: ``tests/test.sh``, scored from the reward it writes (:func:`harbor_outcome`).
+
+def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
+    """Install the tests at ``/tests`` and run them as the task's user (Harbor's ``[verifier]``
+    ``user`` when it names another).
+
+    terminal-bench: ``run-tests.sh`` (with the harness scripts it names: :func:`_harness_files`),
+    scored ``2 * passed/total - 1`` from pytest's summary. Harbor: ``tests/test.sh``, scored from
+    the reward it writes (:func:`harbor_outcome`).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
     # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
@@ -135,6 +163,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
             sandbox.write_file(f"{test_dir}/{name}", text)
         if not harbor:
             sandbox.write_file(f"{test_dir}/run-tests.sh", data.get("run_tests") or DEFAULT_RUN_TESTS, 0o755)
+            for name, source in _harness_files(task).items():
+                sandbox.write_file(f"{test_dir}/{name}", source.read_text(), 0o755)
     except SandboxError as e:
         if not sandbox.is_alive():
             raise
@@ -142,7 +172,15 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (data.get("verifier_env") or {}).items())
     timeout = float(data.get("max_test_timeout_sec") or DEFAULT_TEST_TIMEOUT)
 
+    as_user = data.get("verifier_user")
+    if as_user and as_user != (sandbox.spec.user or "root"):  # Harbor's [verifier] user: the tests' own
+        sandbox.run(f"chmod -R a+rwX {REWARD_DIR} {test_dir} 2>/dev/null", timeout=30)
+    else:
+        as_user = None
+
     def run_tests(command: str, limit: float) -> CommandResult:
+        if as_user:
+            command = f"runuser -u {shlex.quote(str(as_user))} -- bash -c {shlex.quote(command)}"
         return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
                            f">{TEST_LOG} 2>&1", timeout=limit)
 
@@ -174,6 +212,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
             if run.timed_out:
                 details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
+            elif reward is None and (runner := _runner_failure(run, details["log_tail"])):
+                details["reason"] = runner
             details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
@@ -184,7 +224,7 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
     if not tests:
         why = (f"the tests timed out after {timeout:g} s" if run.timed_out
-               else f"the test script exited with {run.exit_code}")
+               else _runner_failure(run, details["log_tail"]) or f"the test script exited with {run.exit_code}")
         details["reason"] = f"no pytest results found: {why}"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
@@ -306,6 +346,8 @@ class TerminalEnv(NextStateEnv):
         if others:
             return (f"docker-compose.yaml has services besides {task.data.get('service')!r} "
                     f"({', '.join(others)}); multi-container tasks are not supported")
+        if task.data.get("gpus"):
+            return f"the task asks for {task.data['gpus']} GPU(s); terminal sandboxes have none"
         return None
 
     @classmethod

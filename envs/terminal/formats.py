@@ -8,12 +8,15 @@ Task directories of two formats load as written:
   ``docker-compose.yaml`` (the agent's service: its build context, Dockerfile,
   environment and user), ``run-tests.sh``, ``tests/`` and ``solution.sh`` or
   ``solution.yaml`` (commands typed into a tmux pane).
-* **Harbor** (terminal-bench 2.0): ``task.toml`` (``[agent]``/``[verifier]``
-  ``timeout_sec``, ``[environment]`` ``allow_internet``, ``memory_mb``,
-  ``cpus``, ``storage_mb`` (the sandbox's disk limit), ``build_timeout_sec``,
-  ``workdir`` (the sandbox's working directory)), ``instruction.md``, ``environment/`` (``Dockerfile`` or
-  ``docker-compose.yaml``), ``tests/test.sh`` (writes
-  ``/logs/verifier/reward.txt`` or ``reward.json``) and ``solution/solve.sh``.
+* **Harbor** (terminal-bench 2.0): ``task.toml`` (``schema_version`` or
+  ``version`` 1.x; ``[task]`` ``name``, ``keywords``; ``[agent]``/``[verifier]``
+  ``timeout_sec`` and ``user``; ``[verifier]`` ``env``; ``[environment]``
+  ``allow_internet``, ``memory_mb``, ``cpus``, ``gpus``, ``storage_mb`` (the
+  sandbox's disk limit), ``build_timeout_sec``, ``docker_image`` (a prebuilt
+  image), ``workdir`` (the sandbox's working directory)), ``instruction.md``,
+  ``environment/`` (``Dockerfile`` or ``docker-compose.yaml`` with a ``main``
+  service), ``tests/test.sh`` (writes ``/logs/verifier/reward.txt`` or
+  ``reward.json``) and ``solution/solve.sh``.
 
 nextstate's own tasks (the built-in set) are terminal-bench tasks whose
 Dockerfile, if any, builds on ``ARG BASE=nextstate/terminal:latest`` /
@@ -26,7 +29,10 @@ own (not built on ``${BASE}``) run as root, as terminal-bench and Harbor run
 them; the others run as the sandbox's ``agent``; ``user`` in the task file (or
 the compose service) and the env's ``user`` argument (which wins) say
 otherwise. The tests enter the sandbox only at grading time, at ``/tests``
-(``TEST_DIR``), and run as the task's user.
+(``TEST_DIR``), and run as the task's user. A ``run-tests.sh`` that names
+terminal-bench's harness scripts (``setup-uv-pytest.sh``, ``run-uv-pytest.sh``)
+gets nextstate's offline versions of them (``harness/``) in ``TEST_DIR``
+unless the task's ``tests/`` has its own.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ from nextstate.envs.base import Task, read_rows
 BUILTIN_TASKS = Path(__file__).parent / "tasks"
 TEST_DIR = "/tests"
 DEFAULT_RUN_TESTS = '#!/bin/bash\npython3 -m pytest "$TEST_DIR" -rA\n'
+#: nextstate's offline versions of the scripts terminal-bench's harness puts in ``$TEST_DIR``.
+HARNESS_DIR = Path(__file__).parent / "harness"
+HARNESS_SCRIPTS = ("setup-uv-pytest.sh", "run-uv-pytest.sh")
 _YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user")
 # docker-compose variables terminal-bench and Harbor set, as this environment lays the sandbox out.
 _COMPOSE_VARS = {"T_BENCH_TEST_DIR": TEST_DIR, "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
@@ -124,22 +133,35 @@ def _task_from_dir(d: Path) -> Task:
 
 def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
     meta = tomllib.loads((d / "task.toml").read_text())
+    schema = str(meta.get("schema_version") or meta.get("version") or "1.0")
+    if not re.fullmatch(r"1(\.\d+)*", schema):
+        raise ValueError(f"task.toml: schema_version {schema!r} is not read here (Harbor's 1.x is)")
     if not (d / "instruction.md").is_file():
         raise ValueError(f"{d} has task.toml but no instruction.md")
     instruction = (d / "instruction.md").read_text().strip()
-    about, env = meta.get("metadata") or {}, meta.get("environment") or {}
+    about, head = meta.get("metadata") or {}, meta.get("task") or {}
+    agent, verifier, env = meta.get("agent") or {}, meta.get("verifier") or {}, meta.get("environment") or {}
     data["format"] = "harbor"
-    _environment(d / "environment", data)
-    fields = {"difficulty": about.get("difficulty"), "tags": about.get("tags"),
-              "max_agent_timeout_sec": (meta.get("agent") or {}).get("timeout_sec"),
-              "max_test_timeout_sec": (meta.get("verifier") or {}).get("timeout_sec"),
-              "network": env.get("allow_internet"), "user": meta.get("user") or env.get("user"),
+    fields = {"difficulty": about.get("difficulty"), "tags": about.get("tags") or head.get("keywords"),
+              "harbor_name": head.get("name"),
+              "max_agent_timeout_sec": agent.get("timeout_sec"),
+              "max_test_timeout_sec": verifier.get("timeout_sec"),
+              "network": env.get("allow_internet"),
+              "user": agent.get("user") or meta.get("user") or env.get("user"),
+              "verifier_user": verifier.get("user"),
               "memory": f"{int(env['memory_mb'])}m" if env.get("memory_mb") else _size(env.get("memory")),
               "cpus": float(env["cpus"]) if env.get("cpus") else None,
+              "gpus": int(env["gpus"]) if env.get("gpus") else None,
               "disk": f"{int(env['storage_mb'])}m" if env.get("storage_mb") else _size(env.get("storage")),
               "build_timeout": float(env["build_timeout_sec"]) if env.get("build_timeout_sec") else None,
               "workdir": env.get("workdir"),
-              "verifier_env": (meta.get("verifier") or {}).get("env") or {}}
+              "verifier_env": verifier.get("env") or {}}
+    # Harbor's compose variables (its own spelling; terminal-bench's are in _COMPOSE_VARS too).
+    harbor_vars = {"ENV_VERIFIER_LOGS_PATH": "/logs/verifier", "ENV_AGENT_LOGS_PATH": "/logs/agent",
+                   "CPUS": str(env.get("cpus") or 1), "MEMORY": fields["memory"] or "2048m"}
+    _environment(d / "environment", data, service="main", extra_vars=harbor_vars)
+    if env.get("docker_image"):  # a prebuilt image, used as Harbor uses it (no build)
+        data.update(build=None, image_ref=str(env["docker_image"]))
     data.update({k: v for k, v in fields.items() if v is not None})
     test_sh = d / "tests" / "test.sh"
     data["run_tests"] = test_sh.read_text() if test_sh.is_file() else None
@@ -160,8 +182,10 @@ def _size(value: Any) -> str | None:
     return f"{found.group(1)}{found.group(2).lower()}"
 
 
-def _environment(d: Path, data: dict[str, Any]) -> None:
-    """The image of a task from its directory: a docker-compose.yaml's agent service, else a Dockerfile."""
+def _environment(d: Path, data: dict[str, Any], service: str | None = None,
+                 extra_vars: dict[str, str] | None = None) -> None:
+    """The image of a task from its directory: a docker-compose.yaml's agent service (``service``,
+    which must be there; else ``client``, ``main`` or the first), else a Dockerfile."""
     compose = d / "docker-compose.yaml" if (d / "docker-compose.yaml").is_file() else None
     if compose is None:
         if (d / "Dockerfile").is_file():
@@ -171,8 +195,11 @@ def _environment(d: Path, data: dict[str, Any]) -> None:
     services = spec.get("services") or {}
     if not isinstance(services, dict) or not services:
         raise ValueError(f"{compose} has no services")
-    name = next((n for n in ("client", "main") if n in services), next(iter(services)))
-    svc = _substitute(services[name] or {}, {**_COMPOSE_VARS, "CONTEXT_DIR": str(d)})
+    if service is not None and service not in services:
+        raise ValueError(f"{compose} has no {service!r} service, the one the agent works in "
+                         f"(it has {', '.join(map(str, services))})")
+    name = service or next((n for n in ("client", "main") if n in services), next(iter(services)))
+    svc = _substitute(services[name] or {}, {**_COMPOSE_VARS, **(extra_vars or {}), "CONTEXT_DIR": str(d)})
     build = svc.get("build")
     if isinstance(build, str):
         build = {"context": build}
