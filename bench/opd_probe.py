@@ -16,7 +16,9 @@ seen:
    action (``mkdir -p /app/out``, the step that should have been taken: ``gap_reference``) and of
    the failing write itself (``gap_sampled``). OPD points the right way only if
    ``gap_reference > 0 > gap_sampled``: the hint raises what should have been done and lowers
-   what was done.
+   what was done. The same gaps on the tokens after the two actions' shared prefix (the
+   tool-call format and ``bash`` up to the command: ``*_after_prefix``) say whether the hint
+   moves the command itself, apart from the format. ``--updates 0`` stops here.
 3. **A few OPD updates on those steps alone** (the trainer's own :class:`train.learner.Learner`,
    ``opd.mode=opd``: per-token advantages are the teacher gap on the failing write; ``old``
    log-probs re-read before each update, as a fresh rollout would give them), then the student's
@@ -85,6 +87,14 @@ def token_log_probs(model: Any, rows: list[tuple[list[int], list[int]]], pad_id:
     return out
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common (at most one less than either length)."""
+    n = 0
+    while n < min(len(a), len(b)) - 1 and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def mean_token(rows: list[list[float]]) -> float:
     """The mean over rows of each row's mean per-token value."""
     return round(statistics.fmean(statistics.fmean(r) for r in rows), 4)
@@ -123,11 +133,18 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
             teacher, old = lps(policy.model, hinted, responses), lps(policy.model, plain, responses)
             return [[t - o for t, o in zip(tr, orow)] for tr, orow in zip(teacher, old)]
         refs = [reference] * len(examples)
+        shared = [shared_prefix(reference, s) for s in sampled]   # the tool-call format both begin with
+        gap_ref, gap_sampled = gap(refs), gap(sampled)
         figures: dict[str, Any] = {
             "model": model, "steps": len(examples), "hint_source": "rules", "teacher": "reference",
-            "gap_reference": mean_token(gap(refs)), "gap_sampled": mean_token(gap(sampled)),
+            "gap_reference": mean_token(gap_ref), "gap_sampled": mean_token(gap_sampled),
+            "shared_prefix_tokens": min(shared),
+            "gap_reference_after_prefix": mean_token([g[n:] for g, n in zip(gap_ref, shared)]),
+            "gap_sampled_after_prefix": mean_token([g[n:] for g, n in zip(gap_sampled, shared)]),
             "hint_example": hints[0], "reference_action": action_text(outdir.MKDIR),
             "sampled_example": examples[0].text}
+        if updates == 0:
+            return {**figures, "wall_s": round(time.monotonic() - t0, 1)}
 
         cfg = load_config("terminal", overrides=["opd.mode=opd", "opd.hint_source=rules", "opd.teacher=reference",
                                                  f"train.lr={lr}"])

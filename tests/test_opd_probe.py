@@ -23,7 +23,9 @@ def test_the_probe_reads_failed_writes_and_an_update_moves_the_reference_action(
     assert got["steps"] == 2 and got["hint_source"] == "rules"
     assert "No such file or directory" in got["hint_example"]          # the write really failed, in Docker
     assert "mkdir -p /app/out" in got["reference_action"] and "/app/out/answer" in got["sampled_example"]
-    assert _finite(got["gap_reference"], got["gap_sampled"], got["before"], got["after"])
+    assert _finite(got["gap_reference"], got["gap_sampled"], got["before"], got["after"],
+                   got["gap_reference_after_prefix"], got["gap_sampled_after_prefix"])
+    assert got["shared_prefix_tokens"] > 0                             # both actions are bash tool calls
     assert got["after"] != got["before"]                               # one OPD update changed the student
     assert len(got["update_log"]) == 1 and "opd/teacher_gap_mean" in got["update_log"][0]
 
@@ -38,6 +40,12 @@ def test_judge_agreement_judges_every_step_of_the_hasty_runs_and_counts_the_rule
         asyncio.run(policy.aclose())
     assert got["steps"] == got["rule_failed_steps"] + got["rule_good_steps"] >= 4
     assert 0.0 <= got["agreement"] <= 1.0 and 0.0 <= got["valid_vote_rate"] <= 1.0 and got["errors"] == 0
+
+
+def test_shared_prefix_by_hand():
+    assert opd_probe.shared_prefix([1, 2, 3, 4], [1, 2, 5]) == 2
+    assert opd_probe.shared_prefix([1, 2], [1, 2, 3]) == 1          # a gap is left to measure on each
+    assert opd_probe.shared_prefix([7], [8]) == 0
 
 
 def test_kappa_by_hand():
