@@ -8,7 +8,7 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 
 from nextstate.agents.hf_policy import HFPolicy
 from nextstate.agents.trajectory import Step, Trajectory
-from nextstate.train.batch import Batch, Sample, build_batch, collate, micro_batches
+from nextstate.train.batch import Batch, Sample, build_batch, collate, micro_batches, pack
 from nextstate.train.config import load_config
 from nextstate.train.learner import Learner
 from nextstate.train.loss import actor_config, actor_loss, token_log_probs
@@ -110,6 +110,45 @@ def test_micro_batches_accumulate_to_the_same_gradient(generation):
         grads.append(torch.cat([p.grad.flatten() for p in learner.model.parameters() if p.grad is not None]))
     assert len(micro_batches(samples, 1, 258)) == 4
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def _episode(generation):
+    """Three steps of one episode, each prompt holding the last turn verbatim (+ an observation),
+    a step of the same episode whose prompt is not (a truncated context), and another episode."""
+    p1, r = generation.prompt_ids, generation.response_ids
+    lp = generation.logprobs
+    obs = p1[-6:]
+    p2 = p1 + r[:6] + obs
+    p3 = p2 + r[6:12] + obs
+    return [Sample(p1, r[:6], lp[:6], 1.0, 1.0, episode=0),
+            Sample(p2, r[6:12], [x - 0.2 for x in lp[6:12]], -0.5, 0.0, episode=0,
+                   token_advantages=[0.3, -0.1, 0.0, 0.2, -0.4, 0.1]),
+            Sample(p3, r[12:16], lp[12:16], 0.7, 0.0, episode=0),
+            Sample(p1[3:], r[:5], lp[:5], 0.4, 0.0, episode=0),
+            Sample(p1, r[2:9], lp[2:9], -1.0, 0.0, episode=1)]
+
+
+def test_packing_an_episode_gives_the_per_step_gradient(generation):
+    samples = _episode(generation)
+    rows = pack(samples)
+    assert len(rows) == 3 and sum(s.num_tokens for s in rows) == sum(s.num_tokens for s in samples)
+    packed = next(s for s in rows if s.mask is not None)
+    assert packed.prompt_ids == samples[0].prompt_ids and sum(packed.mask) == 16
+    grads = []
+    for on in (False, True):
+        learner = Learner(HFPolicy("tiny", seed=0), _cfg(**{"train.pack": on, "train.micro_batch_size": 2}))
+        learner.optimizer.step = lambda: None          # keep the weights: compare the gradients only
+        metrics = learner.step(Batch([copy.copy(s) for s in samples]), progress=False)
+        assert metrics["train/rows"] == (3 if on else 5)
+        grads.append(torch.cat([p.grad.flatten() for p in learner.model.parameters() if p.grad is not None]))
+    assert grads[0].abs().max() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_packing_refuses_a_loss_mode_it_would_change():
+    with pytest.raises(ValueError, match="train.pack=false"):
+        _cfg(**{"train.loss_agg_mode": "seq-mean-token-mean"})
+    assert not _cfg(**{"train.loss_agg_mode": "seq-mean-token-mean", "train.pack": "false"}).train.pack
 
 
 def _traj(group, sample, outcome, votes, status="finished", role="agent"):

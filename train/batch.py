@@ -15,6 +15,12 @@ step's response there with the teacher and gives each token
 ``w_opd * (log pi_teacher - log pi_old) + w_rl * A_rl`` (:func:`train.advantage.token_advantages`,
 which the veRL backend shares). A step without a hint keeps ``w_rl * A_rl``; in mode ``opd``
 ``w_rl`` is 0, so only hinted steps train (:func:`train.advantage.trained_rows`).
+
+Packing (``train.pack``, :func:`pack`): an episode's steps whose prompt + response is a prefix of
+its last step's sequence (each turn's prompt holds the earlier turns verbatim) become one row, the
+last sequence, with a mask on the steps' response tokens and each token's own advantage and old
+log-prob. The token-mean loss and its gradient are the ones of the per-step samples; the shared
+prefix is computed once instead of once per step.
 """
 
 from __future__ import annotations
@@ -42,6 +48,13 @@ class Sample:
     reward: float
     teacher_prompt_ids: list[int] | None = None   # OPD's teacher context: the prompt with the hint
     token_advantages: list[float] | None = None   # per-token advantages, once the teacher has scored
+    episode: int = -1                 # the trajectory it comes from in its batch (-1: unknown, never packed)
+    mask: list[int] | None = None     # per response token, 1 where it trains (None: every token)
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens that train."""
+        return len(self.response_ids) if self.mask is None else sum(self.mask)
 
 
 @dataclass
@@ -56,7 +69,7 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         """Response tokens in the batch (the token-mean denominator)."""
-        return sum(len(s.response_ids) for s in self.samples)
+        return sum(s.num_tokens for s in self.samples)
 
 
 def _roles(role: str | Sequence[str]) -> tuple[str, ...]:
@@ -108,11 +121,12 @@ def build_batch(trajectories: Sequence[Trajectory], adv: AdvantageConfig, *, wei
     distil = opd is not None and opd.mode != "rl"
     hinted = [distil and bool(s.teacher_prompt_ids) for _, s in steps]
     samples = []
-    for (_, s), a, r, train, hint in zip(steps, result.advantages, result.rewards,
-                                         trained_rows(result.keep, hinted, w_rl), hinted):
+    for (_, s), a, r, train, hint, n in zip(steps, result.advantages, result.rewards,
+                                            trained_rows(result.keep, hinted, w_rl), hinted, rows.episode):
         if train:
             samples.append(Sample(list(s.prompt_ids), list(s.response_ids), list(s.logprobs),
-                                  w_rl * float(a), float(r), teacher_prompt_ids=s.teacher_prompt_ids if hint else None))
+                                  w_rl * float(a), float(r), teacher_prompt_ids=s.teacher_prompt_ids if hint else None,
+                                  episode=int(n)))
     step_log = [{"group_id": t.group_id, "task_id": t.task_id, "sample": t.sample, "step": s.index,
                  "role": s.role, "reward": float(r), "advantage": float(a), "kept": bool(k),
                  **({"hint": s.hint} if s.hint else {})}
@@ -157,6 +171,39 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     }
 
 
+def pack(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples with each episode's prefix-consistent steps in one row (see the module's
+    docstring); a step that is not a prefix of its episode's longest sequence stays its own row.
+    Call it after the teacher has scored (a packed row has no teacher context)."""
+    by_episode: dict[int, list[Sample]] = {}
+    out: list[Sample] = []
+    for s in samples:
+        if s.episode < 0 or s.mask is not None:
+            out.append(s)
+        else:
+            by_episode.setdefault(s.episode, []).append(s)
+    for steps in by_episode.values():
+        full = max(steps, key=lambda s: len(s.prompt_ids) + len(s.response_ids))
+        seq = full.prompt_ids + full.response_ids
+        inside = [s for s in steps if seq[:len(s.prompt_ids) + len(s.response_ids)] == s.prompt_ids + s.response_ids]
+        out += [s for s in steps if s not in inside]
+        if len(inside) == 1:
+            out.append(full)
+            continue
+        start = min(len(s.prompt_ids) for s in inside)
+        width = len(seq) - start
+        old, adv, mask = [0.0] * width, [0.0] * width, [0] * width
+        for s in inside:
+            a = s.token_advantages if s.token_advantages is not None else [s.advantage] * len(s.response_ids)
+            at = len(s.prompt_ids) - start
+            old[at:at + len(s.response_ids)] = s.old_log_probs
+            adv[at:at + len(s.response_ids)] = a
+            mask[at:at + len(s.response_ids)] = [1] * len(s.response_ids)
+        out.append(Sample(seq[:start], seq[start:], old, 0.0, full.reward, token_advantages=adv,
+                          episode=full.episode, mask=mask))
+    return out
+
+
 def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
     """Right-padded tensors of ``samples`` (prompt + response per row)."""
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
@@ -174,7 +221,7 @@ def collate(samples: Sequence[Sample], pad_id: int) -> MicroBatch:
         input_ids[i, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
         attention[i, : p + r] = 1
         response_ids[i, :r] = torch.tensor(s.response_ids)
-        response_mask[i, :r] = 1
+        response_mask[i, :r] = 1 if s.mask is None else torch.tensor(s.mask)
         old[i, :r] = torch.tensor(s.old_log_probs)
         advantages[i, :r] = torch.tensor(s.token_advantages) if s.token_advantages is not None else s.advantage
         start[i] = p

@@ -115,6 +115,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     micro_batch_size: int = 4         # samples per forward/backward (gradient accumulation)
     updates_per_step: int = 1         # optimizer updates per training step: its samples in as many mini-batches
+    pack: bool = True                 # local backend: an episode's steps as one row (train.batch.pack; token-mean only)
     max_staleness: int = 1            # rollouts run this many steps ahead of training (0: no overlap)
     role: str = "agent"               # the steps of this role train the model
 
@@ -387,6 +388,9 @@ def validate(cfg: Config) -> None:
         (cfg.train.micro_batch_size >= 1, "train.micro_batch_size must be at least 1"),
         (cfg.train.max_staleness >= 0, "train.max_staleness must be non-negative"),
         (cfg.train.updates_per_step >= 1, "train.updates_per_step must be at least 1"),
+        (not cfg.train.pack or cfg.train.loss_agg_mode == "token-mean",
+         f"train.pack (on by default) needs train.loss_agg_mode=token-mean, got {cfg.train.loss_agg_mode!r}: "
+         "set train.pack=false (a packed row holds several steps)"),
         (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
         (cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
         (cfg.sft.steps == 0 or bool(cfg.sft.tasks), "sft.steps > 0 needs sft.tasks"),

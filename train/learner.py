@@ -8,6 +8,7 @@ generations). One :meth:`Learner.step` is ``train.updates_per_step`` optimizer
 updates (default one, over the whole batch), each accumulated over micro-batches. Under
 On-Policy Distillation it first scores each hinted sample's response in its teacher
 context (one forward pass of the teacher per hinted step, :meth:`Learner.score_teacher`).
+With ``train.pack`` it then trains each episode's steps as one row (:func:`train.batch.pack`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from nextstate.train.advantage import token_advantages
-from nextstate.train.batch import Batch, Sample, collate, micro_batches
+from nextstate.train.batch import Batch, Sample, collate, micro_batches, pack
 from nextstate.train.config import Config
 from nextstate.train.loss import actor_config, actor_loss, token_log_probs
 
@@ -63,20 +64,22 @@ class Learner:
         if not batch.samples:
             return {"train/skipped": 1.0}
         opd = self.score_teacher(batch)
-        n = len(batch.samples)
+        samples = pack(batch.samples) if self.cfg.train.pack else batch.samples
+        n = len(samples)
         updates = min(self.cfg.train.updates_per_step, n)
         cuts = [k * n // updates for k in range(updates + 1)]   # shares differ by at most one sample
-        outs = [self._update(batch.samples[a:b], progress) for a, b in zip(cuts, cuts[1:])]
+        outs = [self._update(samples[a:b], progress) for a, b in zip(cuts, cuts[1:])]
         out = {k: sum(o[k] for o in outs) / len(outs) for k in outs[0]}
         out["train/skipped_nonfinite"] = sum(o["train/skipped_nonfinite"] for o in outs)
         out["train/updates"] = float(len(outs))
+        out["train/rows"] = float(n)
         out.update(opd)
         return out
 
     def _update(self, samples: list, progress: bool) -> dict[str, float]:
         """One optimizer update on ``samples``, accumulated over micro-batches."""
         mbs = micro_batches(samples, self.cfg.train.micro_batch_size, self.pad_id)
-        total_tokens, n = sum(len(s.response_ids) for s in samples), len(samples)
+        total_tokens, n = sum(s.num_tokens for s in samples), len(samples)
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
         for mb in tqdm(mbs, desc="training", leave=False, disable=not progress):
