@@ -129,6 +129,24 @@ async def test_infrastructure_faults_abort_only_their_episode(judge_server):
     assert good.status == "finished" and good.outcome == 1.0
 
 
+class RunnerlessEnv(EchoEnv):
+    """Grades like a task whose test runner could not start (the machinery's fault, not the agent's)."""
+
+    def compute_outcome(self) -> Outcome:
+        return Outcome(-1.0, {"reason": "no pytest results found: the test runner could not start "
+                                        "(exit 127: pytest: command not found)"})
+
+
+async def test_a_grade_that_is_the_infrastructure_s_fault_is_not_trained_on():
+    trajs = await collect(lambda: RunnerlessEnv(TASKS), ScriptedPolicy([ECHO, FINISH]), TASKS[:1],
+                          progress=False)
+    (traj,) = trajs
+    assert traj.status == "aborted" and traj.outcome is None and len(traj.steps) == 2
+    assert traj.error.startswith("infrastructure (test runner did not start): no pytest results found")
+    (good,) = await collect(make_env, ScriptedPolicy([ECHO, FINISH]), TASKS[:1], progress=False)
+    assert good.status == "finished" and good.outcome == 1.0
+
+
 async def test_env_factory_failure_aborts():
     def broken():
         raise SandboxError("no Docker engine")

@@ -8,7 +8,9 @@ the text, in the caller's thread pool; the step is recorded) -> :func:`_judge`
 :func:`_join` awaits the judge and attaches the votes to the steps. An infrastructure
 fault (a sandbox that died, an env abort, a policy that failed after its
 retries) ends the episode as ``status="aborted"`` with the error: it neither
-crashes the batch nor gets a score.
+crashes the batch nor gets a score. So does a grade whose reason is the machinery's
+(:func:`envs.validate.infrastructure`: a test runner that could not start, a sandbox that died):
+its outcome says nothing of the agent's actions, so it is not trained on.
 
 :func:`collect` runs ``len(tasks) * n_samples`` episodes, at most ``parallel``
 at a time, each on its own env (made by ``env_factory``, reused between
@@ -42,6 +44,7 @@ from nextstate.agents.trajectory import Step, Trajectory
 from nextstate.envs.base import INFRA_ERRORS, Observation
 from nextstate.envs.multiagent import MultiAgentEnv
 from nextstate.envs.pool import EnvCache
+from nextstate.envs.validate import infrastructure
 from nextstate.judges.hints import teacher_messages
 from nextstate.judges.prm import JudgeRequest, JudgeResult, StepJudge
 
@@ -313,6 +316,10 @@ async def run_episode(env: Any, policies: Policy | Mapping[str, Policy], *, task
                 traj.status = "finished" if terminated else "truncated"
                 traj.info["outcome"] = info.get("outcome")
                 traj.outcome = (info.get("outcome") or {}).get("reward")
+                reason = str((info.get("outcome") or {}).get("reason") or "")
+                if infrastructure(reason):
+                    traj.status, traj.error = "aborted", f"infrastructure ({infrastructure(reason)}): {reason}"
+                    traj.outcome = None
                 break
     except asyncio.CancelledError:
         for _, t in ep.pending + ep.hinting:
