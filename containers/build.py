@@ -212,8 +212,9 @@ def public_stand_ins(client: docker.DockerClient, text: str) -> list[tuple[str, 
     refs = [ref for ref in from_refs(text) if local_base(ref) is None and image_info(client, ref) is None]
     if not refs or not is_offline(client):
         return []
-    return [(pattern, local) for pattern, local in _read_table(PUBLIC_TABLE)
-            if any(fnmatch.fnmatchcase(ref, pattern) for ref in refs)]
+    table = _read_table(PUBLIC_TABLE)
+    first = [next((entry for entry in table if fnmatch.fnmatchcase(ref, entry[0])), None) for ref in refs]
+    return list(dict.fromkeys(entry for entry in first if entry))   # the first match per reference
 
 
 def from_refs(text: str) -> list[str]:

@@ -512,7 +512,7 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     text = "FROM python:3.12-slim-bookworm AS b\nFROM ubuntu:22.04\nFROM ghcr.io/laude-institute/t-bench/x:1\n"
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
     extra = public_stand_ins(Engine(), text)
-    assert extra == [("python:3*", "tbench-python")]  # ubuntu:22.04 is here; t-bench/* is in the table
+    assert extra == [("python:3*-slim*", "tbench-python")]  # ubuntu:22.04 is here; t-bench/* is in the table
     assert resolve_from(text, extra)[0].splitlines()[0] == "FROM nextstate/tbench-python:latest AS b"
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
@@ -531,6 +531,27 @@ def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tm
         build_image(tmp_path, tag, client=docker_client)
         log = docker_client.containers.run(tag, ["cat", "/tmp/pip.log"], remove=True).decode()
         assert "externally-managed" not in log and "No matching distribution" in log, log
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_full_python_stand_in_compiles_c(terminal_image: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.12`` (not -slim) offline: the stand-in has the C toolchain the original carries."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.12\nWORKDIR /src\n"
+        "RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > hi.c"
+        " && gcc -o /usr/local/bin/hi hi.c && make --version > /dev/null\n")
+    tag = f"nextstate-test/devstandin-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        assert docker_client.containers.run(tag, ["hi"], remove=True).decode().strip() == "compiled"
     finally:
         try:
             docker_client.images.remove(tag, force=True)
