@@ -27,7 +27,8 @@ import base64
 import functools
 import json
 import re
-from typing import Any, ClassVar
+import time
+from typing import Any, Callable, ClassVar
 
 import httpx
 from openenv.core.env_server.http_server import create_fastapi_app
@@ -35,10 +36,11 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from openenv.core.generic_client import GenericEnvClient
 from pydantic import ConfigDict, Field, model_validator
+from starlette.websockets import WebSocketDisconnect
 
 from nextstate.envs import registry
-from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
 from nextstate.envs.actions import ToolCall, tool_schema
+from nextstate.envs.base import NextStateEnv, Outcome, Task, ToolResult
 from nextstate.envs.multiagent import MultiAgentEnv
 from nextstate.envs.pool import EnvCache
 
@@ -51,6 +53,20 @@ NO_EPISODE = ("No episode is running: reset first. Over plain HTTP every request
 def _jsonable(value: Any) -> Any:
     """``value`` as plain JSON data (what JSON cannot hold becomes its ``str``)."""
     return json.loads(json.dumps(value, default=str))
+
+
+def wait_healthy(url: str, timeout: float = 60.0, alive: Callable[[], bool] | None = None) -> bool:
+    """Whether the OpenEnv server at ``url`` answers ``GET /health`` within ``timeout`` seconds
+    (False at once when ``alive()`` says its process is gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (alive is None or alive()):
+        try:
+            if httpx.get(url.rstrip("/") + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 # -- serving ---------------------------------------------------------------------------------------
@@ -123,8 +139,10 @@ class FamilyServer:
 
     def app(self) -> Any:
         """The FastAPI app of ``openenv-core``'s server for this family."""
-        return create_fastapi_app(functools.partial(ServedSession, self), action_class(self.tools),
-                                  NextStateObservation, max_concurrent_envs=self.max_sessions)
+        app = create_fastapi_app(functools.partial(ServedSession, self), action_class(self.tools),
+                                 NextStateObservation, max_concurrent_envs=self.max_sessions)
+        app.add_middleware(QuietClose)
+        return app
 
     def leased(self) -> int:
         """Sandboxes the sessions hold now."""
@@ -135,6 +153,24 @@ class FamilyServer:
         self.envs.close()
         if self.pool is not None:
             self.pool.close()
+
+
+class QuietClose:
+    """ASGI middleware: a WebSocket whose client left first is over, not an error.
+
+    openenv-core's ``/ws`` handler closes the socket after the session ends (its env closed, the
+    sandbox back); when the client has already gone, that close raises ``WebSocketDisconnect``,
+    which uvicorn would log as a traceback per session."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope["type"] != "websocket":
+                raise
 
 
 class ServedSession(Environment):

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,7 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from nextstate.envs import registry  # noqa: E402
-from nextstate.envs.openenv import FamilyServer, OpenEnvFamily  # noqa: E402
+from nextstate.envs.openenv import FamilyServer, OpenEnvFamily, wait_healthy  # noqa: E402
 from nextstate.envs.relay import RelayEnv  # noqa: E402
 from nextstate.envs.terminal import TerminalEnv  # noqa: E402
 
@@ -57,15 +56,7 @@ def serving(app: Any) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.2)
+    assert wait_healthy(url), "the server did not come up"
     try:
         yield url
     finally:
@@ -253,7 +244,7 @@ def test_python_m_envs_serve(terminal_image: str) -> None:
         line = proc.stdout.readline()
         assert f"serving terminal (2 tasks) over OpenEnv at http://127.0.0.1:{port}" in line, line
         url = f"http://127.0.0.1:{port}"
-        assert wait_for(lambda: _answers(url))
+        assert wait_healthy(url, alive=lambda: proc.poll() is None)
         with client(url) as c:
             c.reset(task="proc-0")
             r = c.step({"name": "finish", "arguments": {}})
@@ -261,13 +252,6 @@ def test_python_m_envs_serve(terminal_image: str) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_serve_refuses_bad_input_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
