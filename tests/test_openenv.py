@@ -332,6 +332,9 @@ def test_openenv_family_is_a_gymnasium_env(counter_url: str) -> None:
 def test_openenv_url_as_env_resolves_and_refuses_a_dead_server(counter_url: str) -> None:
     name = registry.resolve(f"openenv:{counter_url}/")   # what --env openenv:URL does
     assert name == f"openenv:{counter_url}/" and registry.spec(name).env_class().url == counter_url
+    from nextstate.train.__main__ import build_config, parse_args
+    cfg, _ = build_config(parse_args(["--env", f"openenv:{counter_url}", "--dry-run", "--output", "runs/x"]))
+    assert cfg.env.family == f"openenv:{counter_url}"      # python -m train --env openenv:URL composes
     with pytest.raises(ValueError, match="does not answer"):
         registry.resolve(f"openenv:http://127.0.0.1:{free_port()}")
     with pytest.raises(ValueError, match="http"):
