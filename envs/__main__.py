@@ -1,4 +1,6 @@
-"""``python -m envs validate FAMILY [--tasks PATH] [--parallel N]``: the oracle check.
+"""``python -m envs validate FAMILY [--tasks PATH] [--parallel N]``: the oracle check;
+``python -m envs serve FAMILY [--port P] [--max-sessions N]``: the family over OpenEnv's API
+(:mod:`envs.openenv`).
 
 FAMILY is a registered family, ``module:family`` (the module is imported first and
 registers it), or the name of a module that registers a family of the same name.
@@ -26,7 +28,19 @@ def main(argv: list[str] | None = None) -> int:
                        help="sandbox backend (default: docker when available)")
     check.add_argument("--user", help="run every task as this user (default: the task's own; "
                        "root for terminal-bench and Harbor tasks)")
+    serve = sub.add_parser("serve", help="serve a family over OpenEnv's HTTP and WebSocket API")
+    serve.add_argument("family", help="a registered family, or MODULE:NAME")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-sessions", type=int, default=8,
+                       help="WebSocket sessions at once, each with its own sandbox (default 8)")
+    serve.add_argument("--tasks", help="task directory or file (default: the built-in set)")
+    serve.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],
+                       help="sandbox backend (default: docker when available)")
+    serve.add_argument("--max-steps", type=int, help="steps before truncation (default: the family's)")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return run_server(args)
     try:
         checks = validate(registry.resolve(args.family), args.tasks, parallel=args.parallel, backend=args.backend,
                           env_kwargs={"user": args.user} if args.user else None)
@@ -35,6 +49,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(summary(checks))
     return 1 if not checks or not all(c.ok for c in checks) else 0
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """``python -m envs serve``: serve until interrupted, then close the sandboxes."""
+    try:
+        import uvicorn
+
+        from nextstate.envs.openenv import FamilyServer
+    except ImportError as e:
+        print(f"error: serving needs openenv-core and uvicorn ({e}): pip install 'nextstate[openenv]'",
+              file=sys.stderr)
+        return 1
+    try:
+        server = FamilyServer(args.family, tasks=args.tasks, max_sessions=args.max_sessions, backend=args.backend,
+                              **({"max_steps": args.max_steps} if args.max_steps else {}))
+    except (OSError, ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(f"serving {server.family} ({len(server.tasks)} tasks) over OpenEnv at http://{args.host}:{args.port} "
+              f"(WebSocket /ws, at most {args.max_sessions} sessions)", flush=True)
+        uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
+    finally:
+        server.close()
+    return 0
 
 
 if __name__ == "__main__":

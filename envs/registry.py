@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 
 import gymnasium
 
+OPENENV_PREFIX = "openenv:"   # "openenv:URL": an OpenEnv server as a family (envs.openenv.OpenEnvFamily)
 DEFAULT_INTRO = "You are an agent. Solve the task by calling the provided tools, one tool call per answer."
 
 
@@ -86,7 +87,15 @@ def register(name: str, entry_point: type | str, *, id: str | None = None,
 
 
 def spec(name: str) -> EnvFamily:
-    """The record of family ``name``; a one-line ``ValueError`` naming the known ones if none."""
+    """The record of family ``name``; a one-line ``ValueError`` naming the known ones if none.
+
+    ``openenv:URL`` is registered on first use (:class:`envs.openenv.OpenEnvFamily` reads the server).
+    """
+    if name not in _FAMILIES and name.startswith(OPENENV_PREFIX):
+        try:
+            load_object("nextstate.envs.openenv:register_url")(name)
+        except ImportError as e:
+            raise ValueError(f"env {name!r} needs openenv-core ({e}): pip install 'nextstate[openenv]'") from None
     if name not in _FAMILIES:
         raise ValueError(f"unknown env {name!r}; known: {', '.join(names())} "
                          "(a family of your own: MODULE:NAME, or NAME for a module of that name)")
@@ -98,8 +107,12 @@ def resolve(ref: str) -> str:
 
     ``"package.module:name"`` imports ``package.module`` first, as
     ``gymnasium.make("module:Env-v0")`` does; a bare name that is not registered yet is
-    imported as a module of that name (``count`` for a ``count.py`` that registers ``count``).
+    imported as a module of that name (``count`` for a ``count.py`` that registers ``count``);
+    ``"openenv:URL"`` registers the OpenEnv server at URL as a family of that name.
     """
+    if ref.startswith(OPENENV_PREFIX):
+        spec(ref)
+        return ref
     module, sep, name = ref.rpartition(":")
     if not sep and name in _FAMILIES:
         return name
