@@ -92,6 +92,9 @@ class SandboxPool:
             (a pool for one task's image, which the next episode may not use).
     """
 
+    #: Resets ``"verified"`` and ``"discarded"`` by every pool of this process (``resets``: this pool's).
+    all_resets: "collections.Counter[str]" = collections.Counter()
+
     def __init__(self, image: str | SandboxSpec = "nextstate/terminal:latest", size: int = 4, *,
                  backend: str = "auto", hosts: list[str] | None = None, reset: str = "replace",
                  start_workers: int = 8, run_id: str | None = None, build_missing: bool = True,
@@ -404,14 +407,16 @@ class SandboxPool:
     def _reset_one(self, sb: Sandbox) -> None:
         """Reset a released sandbox; ready again when verified, else replaced."""
         result = sb.reset() if not self._closed else None
+        outcome = None if result is None else "verified" if result.verified else "discarded"
         with self._lock:
             self._starting -= 1
+            if outcome:
+                self.resets[outcome] += 1
+                SandboxPool.all_resets[outcome] += 1
         if result is not None and result.verified:
-            self.resets["verified"] += 1
             self._put_ready(sb)
             return
         if result is not None:
-            self.resets["discarded"] += 1
             self.discard_reasons.append("; ".join(result.problems))
             log.info("sandbox %s not reused: %s", sb.id, "; ".join(result.problems))
         self._replace(sb)
