@@ -16,7 +16,9 @@ from nextstate import containers
 from nextstate.containers.docker_sandbox import DockerSandbox, layer_changes
 from nextstate.containers.pool import SandboxPool
 from nextstate.containers.protocol import SandboxSpec
+from nextstate.envs.base import play
 from nextstate.envs.gui.env import GUIEnv
+from nextstate.envs.swe.env import SWEEnv
 from nextstate.envs.terminal.env import TerminalEnv
 from nextstate.train.config import ConfigError, load_config
 
@@ -161,7 +163,7 @@ def test_a_backend_that_cannot_verify_gets_a_fresh_sandbox() -> None:
 
 
 def test_a_family_that_needs_fresh_sandboxes_gets_them() -> None:
-    assert GUIEnv.fresh_sandbox and not TerminalEnv.fresh_sandbox
+    assert GUIEnv.fresh_sandbox and SWEEnv.fresh_sandbox and not TerminalEnv.fresh_sandbox
     with GUIEnv.make_pool(1, backend="local", reset="verified") as gui, \
             TerminalEnv.make_pool(1, backend="local", reset="verified") as terminal:
         assert gui.reset == "replace" and terminal.reset == "verified"
@@ -171,3 +173,21 @@ def test_the_config_names_the_reset() -> None:
     assert load_config("terminal", overrides=["env.sandbox_reset=verified"]).env.sandbox_reset == "verified"
     with pytest.raises(ConfigError, match="env.sandbox_reset must be replace or verified"):
         load_config("terminal", overrides=["env.sandbox_reset=sometimes"])
+
+
+@pytest.mark.docker
+def test_a_graded_terminal_episode_leaves_a_reusable_sandbox(terminal_image: str) -> None:
+    """Grading empties /tests and /logs/verifier rather than removing them (directories of the
+    image): the next episode on the same task image gets the same container, and passes again."""
+    env = TerminalEnv(reset="verified", warm=False)
+    try:
+        ids = []
+        for _ in range(2):
+            env.reset(options={"task": "word-frequency"})
+            ids.append(env.sandbox.id)
+            assert play(env, env.oracle_actions(env.task, "gold"))[0] == 1.0
+        assert ids[0] == ids[1]
+        [pool] = env._private.values()
+        assert pool.stats()["reset_verified"] >= 1 and not pool.discard_reasons   # the second may be under way
+    finally:
+        env.close()
