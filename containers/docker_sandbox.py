@@ -271,7 +271,7 @@ class DockerSandbox(Sandbox):
             local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
             self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
             self._start_shell()
-            self._fresh = self._state() if baseline else None
+            self._fresh: dict[str, Any] | None = self._state() if baseline else None
         except BaseException:
             self.close()
             raise
@@ -472,16 +472,16 @@ class DockerSandbox(Sandbox):
         def result(*problems: str) -> ResetResult:
             return ResetResult(not problems, list(problems), round(time.monotonic() - start, 3))
 
-        fresh = getattr(self, "_fresh", None)
+        fresh = self._fresh
         if fresh is None or self.closed:
             return result("no fresh state was recorded (a remote engine, not root, not overlay2, "
                           "or the sandbox was made without baseline=True)")
         try:
             self._close_shell()
             self._kill_others(keep_shell=False)
-            deadline = time.monotonic() + 2.0
-            while len(self._cgroup.pids()) > fresh["processes"] - 1 and time.monotonic() < deadline:  # type: ignore[union-attr]
-                time.sleep(0.01)
+            cgroup, deadline = self._cgroup, time.monotonic() + 2.0   # not None: a fresh state was recorded
+            while cgroup is not None and len(cgroup.pids()) >= fresh["processes"] and time.monotonic() < deadline:
+                time.sleep(0.01)   # the killed are being reaped: init and its command stay
             layers = self._layers()
             if layers is None:
                 return result("the writable layer is gone")
@@ -506,8 +506,14 @@ class DockerSandbox(Sandbox):
         if now is None:
             return result("the sandbox's state can no longer be seen")
         problems = [f"{p} remains after the reset" for p in sorted(now["layer"][0] - fresh["layer"][0])[:5]]
-        problems += [f"{what} differs from a fresh sandbox's" for what in ("inside", "engine", "mounted", "mounts")
-                     if now[what] != fresh[what]]
+        problems += sorted(now["layer"][1] - fresh["layer"][1])[:5]
+        if now["inside"] != fresh["inside"]:
+            seen = set(fresh["inside"].splitlines())
+            odd = next((line for line in now["inside"].splitlines() if line not in seen), "a line is missing")
+            problems.append(f"the view from inside differs from a fresh sandbox's: {odd.strip()[:200]!r}")
+        problems += [f"the {what} differ from a fresh sandbox's" for what, key in
+                     (("engine's settings", "engine"), ("files the engine mounts in", "mounted"), ("mounts", "mounts"))
+                     if now[key] != fresh[key]]
         if now["processes"] != fresh["processes"]:
             problems.append(f"{now['processes']} processes, a fresh sandbox has {fresh['processes']}")
         return result(*problems)

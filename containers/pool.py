@@ -6,8 +6,8 @@ one is warm; :meth:`release` gives it back, and by default the pool throws it
 away and starts a fresh one in the background, so nothing an episode did can
 leak into the next. With ``reset="verified"`` it resets the sandbox instead
 (:meth:`~containers.protocol.Sandbox.reset`) and hands it out again only when the
-reset is verified; one that is not is thrown away and replaced. A monitor thread replaces sandboxes that die while idle
-(a container killed from outside); a leased sandbox that dies raises
+reset is verified; one that is not is thrown away and replaced. A monitor thread
+replaces sandboxes that die while idle (a container killed from outside); a leased sandbox that dies raises
 :class:`~containers.protocol.SandboxError` in its holder's ``run`` instead of hanging.
 While no engine of the pool answers (its ``dockerd`` died), leases fail at once with
 :class:`~containers.protocol.SandboxError` rather than wait out their timeout; the pool keeps
