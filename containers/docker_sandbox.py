@@ -494,7 +494,9 @@ class DockerSandbox(Sandbox):
             if self.client.images.get(self.spec.image).id != fresh["image"]:
                 return result(f"the image {self.spec.image} changed since the sandbox started")
             wipe = " ".join(shlex.quote(p) for p in new)
-            self._internal((f"chmod -R u+rwX -- {wipe} 2>/dev/null; rm -rf -- {wipe} 2>/dev/null; " if new else "")
+            # Directories the episode locked itself out of are opened first (never through a symlink).
+            self._internal((f"find -P {wipe} -type d ! -perm -u+rwx -exec chmod u+rwx {{}} \\; 2>/dev/null; "
+                            f"rm -rf -- {wipe} 2>/dev/null; " if new else "")
                            + "find /dev/shm /dev/mqueue -mindepth 1 -delete 2>/dev/null; ipcrm -a 2>/dev/null; true",
                            timeout=60)
             self.container.reload()

@@ -37,7 +37,7 @@ done
 mkdir -p ~/hostile-dir/deep /tmp/hostile-dir && touch ~/hostile-dir/deep/f /tmp/hostile-dir/g
 chmod 000 ~/hostile-dir/deep ~/hostile-dir /tmp/hostile-dir
 touch /tmp/hostile-suid && chmod 4777 /tmp/hostile-suid
-ln -s /etc/passwd /tmp/hostile-link; mkfifo /tmp/hostile-fifo
+ln -s /etc/passwd /tmp/hostile-link; ln -s ~/.bashrc /tmp/hostile-link2; mkfifo /tmp/hostile-fifo
 ipcmk -M 4096 >/dev/null; ipcmk -Q >/dev/null; ipcmk -S 1 >/dev/null
 dd if=/dev/zero of=/dev/shm/hostile-fill bs=1M 2>/dev/null
 export HOSTILE_VAR=1 PATH=/tmp:$PATH; umask 077; cd /tmp; hostile() { :; }; trap 'echo x' EXIT
