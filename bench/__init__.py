@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (Linux ``/proc/stat``), else None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
 
 
 def ms_percentile(seconds: list[float], q: float, digits: int = 3) -> float:

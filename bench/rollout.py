@@ -31,6 +31,11 @@ have images of their own, and each episode starts its sandbox (as in training).
   ``speedup`` (what batched generation buys, without the environments);
 - ``load_avg``: the machine's 1-minute load average before and after (these
   machines are shared: read the figures with it).
+
+``--resets replace verified`` runs the levels once per pool reset (``env.sandbox_reset``:
+a fresh sandbox per episode, or the same one after a verified reset), one after the other in
+the same run; the figures above then sit under ``by_reset``, keyed by the reset, with each
+reset's sandboxes ``reused`` and ``discarded`` (over every pool the run made).
 """
 
 from __future__ import annotations
@@ -41,28 +46,20 @@ import logging
 import os
 import statistics
 import time
+from dataclasses import replace
 from itertools import cycle, islice
 from typing import Any
 
 import torch
 
 from nextstate.agents.hf_policy import HFPolicy
-from bench import report
+from bench import busy_cpu_s, report
 from bench.judge import settle
+from nextstate.containers.pool import SandboxPool
 from nextstate.train.batch import trainable
 from nextstate.train.config import load_config
 from nextstate.train.rollout import collect, single_role
 from nextstate.train.wiring import chat_config, make_envs, make_judge
-
-
-def busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine has spent busy since boot (Linux ``/proc/stat``), else None."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
 
 
 def cpu_figures(machine: float | None, own: float, wall: float, samples: int) -> dict[str, Any]:
@@ -113,45 +110,61 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     policy.generate = recording  # type: ignore[method-assign]
     record = False
-    pool, factory, tasks = make_envs(cfg, pool_size=levels[-1])
-    per_level: dict[str, dict[str, Any]] = {}
+
+    async def levels_run(cfg: Any, levels: list[int], last: bool) -> dict[str, dict[str, Any]]:
+        """Every level on envs made for ``cfg`` (recording the top level's requests when ``last``)."""
+        nonlocal record
+        pool, factory, tasks = make_envs(cfg, pool_size=levels[-1])
+        per_level: dict[str, dict[str, Any]] = {}
+        try:
+            for level in levels:
+                if pool is not None:  # every level starts from a warm pool, the previous level's containers gone
+                    settle(pool)
+                chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
+                batches, items = policy.batcher.batches, policy.batcher.items
+                prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
+                record = last and level == levels[-1]
+                machine0, own0 = busy_cpu_s(), time.process_time()
+                start = time.monotonic()
+                trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
+                                      router=single_role(role), chat=chat, progress=False,
+                                      sampling={"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p})
+                wall = time.monotonic() - start
+                machine1, own = busy_cpu_s(), time.process_time() - own0
+                steps = [s for t in trajs for s in t.steps]
+                samples = sum(trainable(s, role) for s in steps)
+                errors = [s.judge_error for s in steps if s.judge_error]
+                n_batches = policy.batcher.batches - batches
+                per_level[str(level)] = {
+                    "episodes": len(trajs), "aborted": sum(t.status == "aborted" for t in trajs),
+                    "samples": samples, "wall_s": round(wall, 2),
+                    "judge_calls": sum(bool(s.votes) or s.judge_error is not None for s in steps),
+                    "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
+                    "batches": n_batches,
+                    "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
+                    "step_s": {k: round(statistics.fmean(s.timing[k] for s in steps if k in s.timing), 3)
+                               for k in ("generate", "env", "judge") if any(k in s.timing for s in steps)},
+                    "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
+                    "reused_tokens": policy.prefixes.reused_tokens - reused,
+                    "cpu": cpu_figures(None if machine0 is None or machine1 is None else machine1 - machine0,
+                                       own, wall, samples),
+                }
+        finally:
+            if pool is not None:
+                pool.close()
+        return per_level
+
+    by_reset: dict[str, dict[str, dict[str, Any]]] = {}
+    reuse: dict[str, dict[str, int]] = {}
+    generation = None
     try:
-        for level in levels:
-            if pool is not None:  # every level starts from a warm pool, the previous level's containers gone
-                settle(pool)
-            chosen = list(islice(cycle(tasks), max(level, args.min_episodes)))
-            batches, items = policy.batcher.batches, policy.batcher.items
-            prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
-            record = level == levels[-1]
-            machine0, own0 = busy_cpu_s(), time.process_time()
-            start = time.monotonic()
-            trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
-                                  router=single_role(role), chat=chat, progress=False,
-                                  sampling={"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p})
-            wall = time.monotonic() - start
-            machine1, own = busy_cpu_s(), time.process_time() - own0
-            steps = [s for t in trajs for s in t.steps]
-            samples = sum(trainable(s, role) for s in steps)
-            errors = [s.judge_error for s in steps if s.judge_error]
-            n_batches = policy.batcher.batches - batches
-            per_level[str(level)] = {
-                "episodes": len(trajs), "aborted": sum(t.status == "aborted" for t in trajs),
-                "samples": samples, "wall_s": round(wall, 2),
-                "judge_calls": sum(bool(s.votes) or s.judge_error is not None for s in steps),
-                "judge_timeouts": sum("Timeout" in e for e in errors), "judge_errors": len(errors),
-                "batches": n_batches,
-                "requests_per_batch": round((policy.batcher.items - items) / max(1, n_batches), 2),
-                "step_s": {k: round(statistics.fmean(s.timing[k] for s in steps if k in s.timing), 3)
-                           for k in ("generate", "env", "judge") if any(k in s.timing for s in steps)},
-                "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
-                "reused_tokens": policy.prefixes.reused_tokens - reused,
-                "cpu": cpu_figures(None if machine0 is None or machine1 is None else machine1 - machine0,
-                                   own, wall, samples),
-            }
-        if pool is not None:
-            pool.close()
+        for reset in args.resets:
+            before = dict(SandboxPool.all_resets)
+            by_reset[reset] = await levels_run(replace(cfg, env=replace(cfg.env, sandbox_reset=reset)), levels,
+                                               reset == args.resets[-1])
+            reuse[reset] = {"reused": SandboxPool.all_resets["verified"] - before.get("verified", 0),
+                            "discarded": SandboxPool.all_resets["discarded"] - before.get("discarded", 0)}
         record, alone = False, recorded[:args.replay]
-        generation = None
         if alone:   # none when every episode of the top level aborted before acting
             one_at_a_time = await replay(policy, alone[:max(1, len(alone) // 8)], 1)
             all_at_once = await replay(policy, alone, levels[-1])
@@ -159,9 +172,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "1": round(one_at_a_time, 2), str(levels[-1]): round(all_at_once, 2)},
                 "speedup": round(all_at_once / one_at_a_time, 2)}
     finally:
-        if pool is not None:
-            pool.close()
         await policy.aclose()
+    figures = {reset: level_figures(per_level, levels) for reset, per_level in by_reset.items()}
+    for reset in figures:
+        figures[reset]["sandboxes"] = reuse[reset]
+    common = {
+        "generation": generation,
+        "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
+        "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
+        "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+    if len(figures) == 1:
+        return {**next(iter(figures.values())), **common}
+    return {"by_reset": figures, **common}
+
+
+def level_figures(per_level: dict[str, dict[str, Any]], levels: list[int]) -> dict[str, Any]:
+    """Samples/s per level, the speedup and judge timeouts at the top level, the CPU ceiling, the levels."""
     rate = {k: round(v["samples"] / v["wall_s"], 3) for k, v in per_level.items()}
     top, bottom = str(levels[-1]), str(levels[0])
     top_cpu = per_level[top]["cpu"].get("s_per_sample")
@@ -170,12 +198,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"speedup_{top}": round(rate[top] / rate[bottom], 2) if rate[bottom] else None,
         f"judge_timeouts_{top}": per_level[top]["judge_timeouts"],
         "cpu_ceiling_samples_per_s": round((os.cpu_count() or 1) / sum(top_cpu.values()), 2) if top_cpu else None,
-        "generation": generation,
         "levels": per_level,
-        "judge_timeout_s": judge.timeout, "judge_votes": args.votes, "judge_max_tokens": args.judge_tokens,
-        "model": args.model, "overrides": args.overrides, "max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens,
-        "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -192,6 +215,8 @@ def main() -> None:
                     help="agent requests of the top level replayed to the model alone (an eighth of them one at a time)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
+    ap.add_argument("--resets", nargs="+", default=["replace"], choices=["replace", "verified"],
+                    help="pool resets to run the levels with, one after the other (env.sandbox_reset)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("overrides", nargs="*", help="config overrides (KEY=VALUE, as for python -m train), "
                     "e.g. env.sandbox_disk=null")

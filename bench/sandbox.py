@@ -12,7 +12,12 @@
   each stepping once per ``--pace`` seconds as agents waiting on a model do
   (``paced_step_ms_p99``);
 - ``idle_rss_mb_per_sandbox``: resident memory of an idle sandbox's processes
-  on the host (its container's processes and its containerd shim).
+  on the host (its container's processes and its containerd shim);
+- ``reset``: what a pool pays per episode to hand out a clean sandbox, after an episode that
+  left a few files and background processes: a verified reset (``reset="verified"``,
+  :meth:`DockerSandbox.reset`) against a new sandbox and the removal of the old one
+  (``reset="replace"``), each ``--resets`` times: wall ms (p50) and the machine's CPU
+  seconds (all processes: Docker's included) per reset.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 
 import docker
 
-from bench import ms_percentile, report
+from bench import busy_cpu_s, ms_percentile, report
 from nextstate import containers
 from nextstate.containers.pool import SandboxPool
 from nextstate.containers.docker_sandbox import DockerSandbox
@@ -82,6 +87,44 @@ def sandbox_rss_mb(sb: DockerSandbox) -> float:
     return sum(rss_kb(p) for p in descendants(init)) / 1024 + rss_kb(shim) / 1024
 
 
+# An episode's leftovers: files in the writable places, a full-ish /dev/shm, background processes.
+EPISODE = ("mkdir -p /tmp/build ~/cache && seq 1000 > /tmp/build/out && touch /app/result ~/cache/f; "
+           "head -c 8M /dev/zero > /dev/shm/blob; sleep 600 & nohup sleep 601 >/dev/null 2>&1 &")
+
+
+def reset_costs(image: str, client: docker.DockerClient, n: int) -> dict[str, float | int | bool]:
+    """Wall ms (p50) and machine CPU-s per clean sandbox, ``n`` times each: a verified reset of
+    one sandbox vs a new sandbox and the removal of the used one."""
+    labels = containers.owner_labels("bench-sandbox")
+    sb = DockerSandbox(SandboxSpec(image=image), client, labels, baseline=True)
+    walls, verified = [], True
+    try:
+        cpu0 = busy_cpu_s() or 0.0
+        for _ in range(n):
+            sb.run(EPISODE)
+            t = time.perf_counter()
+            verified = sb.reset().verified and verified
+            walls.append(time.perf_counter() - t)
+        reset_cpu = ((busy_cpu_s() or 0.0) - cpu0) / n
+    finally:
+        sb.close()
+    fresh = []
+    old = DockerSandbox(SandboxSpec(image=image), client, labels)
+    cpu0 = busy_cpu_s() or 0.0
+    try:
+        for _ in range(n):
+            old.run(EPISODE)
+            t = time.perf_counter()
+            old.close()
+            old = DockerSandbox(SandboxSpec(image=image), client, labels)
+            fresh.append(time.perf_counter() - t)
+    finally:
+        old.close()
+    return {"verified_ms_p50": ms(walls, .5), "verified_cpu_s": round(reset_cpu, 3), "all_verified": verified,
+            "replace_ms_p50": ms(fresh, .5), "replace_cpu_s": round(((busy_cpu_s() or 0.0) - cpu0) / n, 3),
+            "times": n}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
@@ -91,6 +134,7 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.5,
                     help="seconds between one sandbox's steps in the paced run")
     ap.add_argument("--image", default="nextstate/terminal:latest")
+    ap.add_argument("--resets", type=int, default=10, help="verified resets timed, and as many new sandboxes")
     args = ap.parse_args()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
     client = docker.from_env()
@@ -108,6 +152,9 @@ def main() -> None:
         sb.close()
     res.update(step_ms_p50=ms(steps, .5), step_ms_p99=ms(steps, .99),
                docker_exec_ms_p50=ms(cli, .5), docker_exec_api_ms_p50=ms(api, .5))
+
+    say("verified reset vs a new sandbox ...")
+    res["reset"] = reset_costs(image, client, args.resets)
 
     say("cold starts ...")
     cold = timed(lambda: client.containers.run(image, ["true"], remove=True, network_mode="none",

@@ -27,14 +27,17 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nextstate.containers.protocol import _KILL_TREE, Sandbox, SandboxConfigError, SandboxError, SandboxSpec, _mib
+from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
+                                           SandboxSpec, _mib)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,80 @@ pids=$(for p in $(pgrep .); do case "$keep" in *" $p "*) ;; *) echo "$p";; esac;
 [ -n "$pids" ] && kill -STOP $pids 2>/dev/null; [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
 exit 0
 """
+
+# What a sandbox looks like from inside, its writable layer apart: its tmpfs mounts' files, SysV IPC
+# objects, mounts, network interfaces, cgroup limits, rlimits, user, umask and a new shell's environment.
+# Run by the sandbox's shell when it starts and after every reset: the two must be the same.
+_FINGERPRINT = r"""
+ls -lAn --time-style=+ /dev/shm /dev/mqueue 2>&1
+cat /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem 2>&1
+cut -d' ' -f5,6 /proc/self/mountinfo | sort
+cut -s -d: -f1 /proc/net/dev
+cat /sys/fs/cgroup/pids.max /sys/fs/cgroup/memory.max /sys/fs/cgroup/cpu.max /sys/fs/cgroup/pids/pids.max \
+    /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null
+ulimit -a; id; umask; env | sort
+"""
+# The engine's settings a reset checks are unchanged: the limits, capabilities and mounts.
+_LIMIT_KEYS = ("Memory", "MemorySwap", "NanoCpus", "PidsLimit", "CapAdd", "CapDrop", "SecurityOpt", "NetworkMode",
+               "Privileged", "ReadonlyRootfs", "Binds", "Devices", "ShmSize", "Ulimits")
+
+
+def _below(lowers: list[Path], path: str) -> os.stat_result | None:
+    """The image's entry at ``path`` (its topmost layer that has one), None where it has none."""
+    for layer in lowers:
+        try:
+            st = os.lstat(layer / path.lstrip("/"))
+        except OSError:
+            continue
+        return None if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 else st   # a whiteout: deleted
+    return None
+
+
+def _opaque(path: str) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, name) == b"y":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def layer_changes(upper: Path, lowers: list[Path]) -> tuple[set[str], set[str]]:
+    """What an overlay writable layer ``upper`` holds over the image's layers ``lowers`` (top first).
+
+    Returns the paths the sandbox added (the outermost: a new directory's contents are not
+    listed) and the changes to the image itself, as sentences: a file of the image changed or
+    deleted, a directory replaced or its mode or owner changed. A path that is not UTF-8 counts
+    as a change (no shell command can name it).
+    """
+    added, changed = set(), set()
+    for root, dirs, files in os.walk(upper):
+        rel = os.path.relpath(root, upper).removeprefix(".")
+        descend = []
+        for name in dirs + files:
+            path, host = f"/{rel}/{name}".replace("//", "/"), os.path.join(root, name)
+            st, image = os.lstat(host), _below(lowers, f"{rel}/{name}")
+            try:
+                path.encode()
+            except UnicodeEncodeError:
+                changed.add(f"{path!r} has a name that is not UTF-8")
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                changed.add(f"{path} of the image was deleted")
+            elif image is None:
+                added.add(path)
+            elif not (stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(image.st_mode)):
+                changed.add(f"{path} of the image was changed")
+            elif (st.st_mode, st.st_uid, st.st_gid) != (image.st_mode, image.st_uid, image.st_gid):
+                changed.add(f"{path}: its mode or owner changed")
+            elif _opaque(host):
+                changed.add(f"{path} of the image was replaced")
+            else:
+                descend.append(name)
+        dirs[:] = [d for d in dirs if d in descend]
+    return added, changed
+
 
 # Docker's default capabilities but NET_RAW: what a root user needs to act as root
 # (write others' files, chown, apt-get's privilege drop); other users get none.
@@ -165,7 +242,8 @@ class DockerSandbox(Sandbox):
     _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
     _loop_support: "dict[str, bool]" = {}    # engine URL -> whether its containers get loop disks
 
-    def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str]):
+    def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str], baseline: bool = False):
+        """``baseline``: record the fresh state, so that :meth:`reset` can restore and check it."""
         super().__init__(spec)
         self.client = client
         self._disk: Any = None   # a containers.disks.LoopDisk
@@ -193,6 +271,7 @@ class DockerSandbox(Sandbox):
             local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
             self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
             self._start_shell()
+            self._fresh: dict[str, Any] | None = self._state() if baseline else None
         except BaseException:
             self.close()
             raise
@@ -352,6 +431,94 @@ class DockerSandbox(Sandbox):
                                     user=self.spec.user)
         except Exception as e:
             log.warning("could not kill processes in %s: %s", self.id, e)
+
+    # -- reset -----------------------------------------------------------------------------
+    def _layers(self) -> tuple[Path, list[Path]] | None:
+        """The writable layer's directory on this host and the image's layers (overlay2 only)."""
+        graph = self.container.attrs.get("GraphDriver") or {}
+        data = graph.get("Data") or {}
+        upper = Path(data.get("UpperDir") or "-")
+        if graph.get("Name") != "overlay2" or not upper.is_dir():
+            return None
+        return upper, [Path(p) for p in (data.get("LowerDir") or "").split(":") if p]
+
+    def _state(self) -> dict[str, Any] | None:
+        """What :meth:`reset` compares: the writable layer, the view from inside, the engine's
+        settings, the files the engine mounts in, the processes. None where this host cannot
+        see them (a remote engine, not root, not overlay2)."""
+        layers = self._layers()
+        if self._cgroup is None or layers is None:
+            return None
+        attrs = self.container.attrs
+        mounted = {}
+        for key in ("HostsPath", "HostnamePath", "ResolvConfPath"):
+            try:
+                mounted[key] = Path(attrs[key]).read_bytes()
+            except (KeyError, OSError, TypeError):
+                mounted[key] = None
+        return {"layer": layer_changes(*layers), "inside": self._internal(_FINGERPRINT, timeout=30).stdout,
+                "engine": {k: attrs["HostConfig"].get(k) for k in _LIMIT_KEYS}, "mounted": mounted,
+                "mounts": attrs.get("Mounts"), "image": attrs.get("Image"), "processes": len(self._cgroup.pids())}
+
+    def reset(self) -> ResetResult:
+        """Kill every process of the episode (the container's cgroup, frozen), delete what it added
+        to the writable layer, ``/dev/shm``, ``/dev/mqueue`` and SysV IPC, start a new shell, and
+        check against the state recorded at start (``baseline=True``): the layer holds nothing
+        new, the view from inside, the limits, the mounted files and the image are the same, and
+        no process but the container's own and the new shell is left. A change to the image's own
+        files (one changed, deleted, or a directory's mode) cannot be undone in place: unverified."""
+        start = time.monotonic()
+
+        def result(*problems: str) -> ResetResult:
+            return ResetResult(not problems, list(problems), round(time.monotonic() - start, 3))
+
+        fresh = self._fresh
+        if fresh is None or self.closed:
+            return result("no fresh state was recorded (a remote engine, not root, not overlay2, "
+                          "or the sandbox was made without baseline=True)")
+        try:
+            self._close_shell()
+            self._kill_others(keep_shell=False)
+            cgroup, deadline = self._cgroup, time.monotonic() + 2.0   # not None: a fresh state was recorded
+            while cgroup is not None and len(cgroup.pids()) >= fresh["processes"] and time.monotonic() < deadline:
+                time.sleep(0.01)   # the killed are being reaped: init and its command stay
+            layers = self._layers()
+            if layers is None:
+                return result("the writable layer is gone")
+            added, changed = layer_changes(*layers)
+            changed -= fresh["layer"][1]
+            if changed:
+                return result(*sorted(changed)[:5])
+            new = sorted(added - fresh["layer"][0])
+            self._start_shell()
+            if self.client.images.get(self.spec.image).id != fresh["image"]:
+                return result(f"the image {self.spec.image} changed since the sandbox started")
+            wipe = " ".join(shlex.quote(p) for p in new)
+            # Directories the episode locked itself out of are opened first (never through a symlink).
+            self._internal((f"find -P {wipe} -type d ! -perm -u+rwx -exec chmod u+rwx {{}} \\; 2>/dev/null; "
+                            f"rm -rf -- {wipe} 2>/dev/null; " if new else "")
+                           + "find /dev/shm /dev/mqueue -mindepth 1 -delete 2>/dev/null; ipcrm -a 2>/dev/null; true",
+                           timeout=60)
+            self.container.reload()
+            now = self._state()
+        except (SandboxError, OSError) as e:
+            return result(f"the reset failed: {e}")
+        except Exception as e:  # the engine: docker.errors.APIError, connection errors
+            return result(f"the engine failed during the reset: {e}")
+        if now is None:
+            return result("the sandbox's state can no longer be seen")
+        problems = [f"{p} remains after the reset" for p in sorted(now["layer"][0] - fresh["layer"][0])[:5]]
+        problems += sorted(now["layer"][1] - fresh["layer"][1])[:5]
+        if now["inside"] != fresh["inside"]:
+            seen = set(fresh["inside"].splitlines())
+            odd = next((line for line in now["inside"].splitlines() if line not in seen), "a line is missing")
+            problems.append(f"the view from inside differs from a fresh sandbox's: {odd.strip()[:200]!r}")
+        problems += [f"the {what} differ from a fresh sandbox's" for what, key in
+                     (("engine's settings", "engine"), ("files the engine mounts in", "mounted"), ("mounts", "mounts"))
+                     if now[key] != fresh[key]]
+        if now["processes"] != fresh["processes"]:
+            problems.append(f"{now['processes']} processes, a fresh sandbox has {fresh['processes']}")
+        return result(*problems)
 
     def _disk_full(self) -> str | None:
         if self._disk is None:

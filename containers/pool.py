@@ -4,8 +4,10 @@
 (or ``await`` :meth:`alease`) hands one out in well under a millisecond when
 one is warm; :meth:`release` gives it back, and by default the pool throws it
 away and starts a fresh one in the background, so nothing an episode did can
-leak into the next. A monitor thread replaces sandboxes that die while idle
-(a container killed from outside); a leased sandbox that dies raises
+leak into the next. With ``reset="verified"`` it resets the sandbox instead
+(:meth:`~containers.protocol.Sandbox.reset`) and hands it out again only when the
+reset is verified; one that is not is thrown away and replaced. A monitor thread
+replaces sandboxes that die while idle (a container killed from outside); a leased sandbox that dies raises
 :class:`~containers.protocol.SandboxError` in its holder's ``run`` instead of hanging.
 While no engine of the pool answers (its ``dockerd`` died), leases fail at once with
 :class:`~containers.protocol.SandboxError` rather than wait out their timeout; the pool keeps
@@ -48,6 +50,9 @@ _exiting = False   # set by reap_live_pools: the process is about to exit, no sa
 START_GRACE = 120.0   # seconds a forced exit waits for the sandbox starts under way (each engine call is bounded)
 
 
+RESETS = ("replace", "verified", "reuse")
+
+
 class PoolTimeout(TimeoutError):
     """No sandbox became free within the lease timeout."""
 
@@ -78,13 +83,17 @@ class SandboxPool:
             answers, else the local backend with a warning).
         hosts: Docker engine URLs (``unix://...``, ``tcp://...``); default the
             environment's engine (``DOCKER_HOST``).
-        reset: ``"replace"`` (default; a fresh sandbox after every lease) or
-            ``"reuse"`` (hand the same one out again; faster, leaks state).
+        reset: ``"replace"`` (default; a fresh sandbox after every lease), ``"verified"``
+            (the same one again after a verified reset, else a fresh one) or ``"reuse"``
+            (the same one again as it is; leaks state, for a caller that cleans up itself).
         start_workers: sandboxes created at once while filling the pool.
         warm: keep ``size`` sandboxes started ahead of leases (default). False: start one
             only when a lease finds none ready, and keep none waiting after a release
             (a pool for one task's image, which the next episode may not use).
     """
+
+    #: Resets ``"verified"`` and ``"discarded"`` by every pool of this process (``resets``: this pool's).
+    all_resets: "collections.Counter[str]" = collections.Counter()
 
     def __init__(self, image: str | SandboxSpec = "nextstate/terminal:latest", size: int = 4, *,
                  backend: str = "auto", hosts: list[str] | None = None, reset: str = "replace",
@@ -92,8 +101,8 @@ class SandboxPool:
                  warm: bool = True, **spec_overrides: Any):
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
-        if reset not in ("replace", "reuse"):
-            raise ValueError(f"reset must be 'replace' or 'reuse', got {reset!r}")
+        if reset not in RESETS:
+            raise ValueError(f"reset must be one of {', '.join(RESETS)}, got {reset!r}")
         spec = image if isinstance(image, SandboxSpec) else SandboxSpec(image=image)
         self.spec = replace(spec, **spec_overrides)
         self.size, self.reset, self.warm = size, reset, warm
@@ -106,6 +115,8 @@ class SandboxPool:
         self._leased: set[Sandbox] = set()
         self._starting = 0
         self._failures: collections.deque[str] = collections.deque(maxlen=5)
+        self.resets: collections.Counter[str] = collections.Counter()   # "verified" / "discarded" resets
+        self.discard_reasons: collections.deque[str] = collections.deque(maxlen=5)   # the latest unverified resets'
         self._closed = False
         self._fatal: SandboxConfigError | None = None  # set when sandboxes cannot start as specified
         self._unreachable: str | None = None  # why no engine answers, while none does
@@ -176,7 +187,8 @@ class SandboxPool:
             idx = min(range(len(self._clients)), key=lambda i: self._per_client[i])
             self._per_client[idx] += 1
         try:
-            sb = DockerSandbox(self.spec, self._clients[idx], containers.owner_labels(self.run_id))
+            sb = DockerSandbox(self.spec, self._clients[idx], containers.owner_labels(self.run_id),
+                               baseline=self.reset == "verified")
         except BaseException:
             with self._lock:
                 self._per_client[idx] -= 1
@@ -383,9 +395,34 @@ class SandboxPool:
                 return
             self._leased.discard(sb)
             reuse = self.reset == "reuse" and not self._closed
+            if self.reset == "verified" and not self._closed:
+                self._starting += 1   # counted as starting while it resets
+                self._workers.submit(self._reset_one, sb)
+                return
         if reuse and sb.is_alive():
             self._put_ready(sb)
             return
+        self._replace(sb)
+
+    def _reset_one(self, sb: Sandbox) -> None:
+        """Reset a released sandbox; ready again when verified, else replaced."""
+        result = sb.reset() if not self._closed else None
+        outcome = None if result is None else "verified" if result.verified else "discarded"
+        with self._lock:
+            self._starting -= 1
+            if outcome:
+                self.resets[outcome] += 1
+                SandboxPool.all_resets[outcome] += 1
+        if result is not None and result.verified:
+            self._put_ready(sb)
+            return
+        if result is not None:
+            self.discard_reasons.append("; ".join(result.problems))
+            log.info("sandbox %s not reused: %s", sb.id, "; ".join(result.problems))
+        self._replace(sb)
+
+    def _replace(self, sb: Sandbox) -> None:
+        """Remove ``sb`` in the background and start another (for a waiting lease only, when not warm)."""
         if not self._submit(self._destroy, sb):
             self._destroy(sb)
         if self.warm:
@@ -453,10 +490,12 @@ class SandboxPool:
                 and sb.id not in running[sb._pool_client]]  # type: ignore[attr-defined]
 
     def stats(self) -> dict[str, int]:
-        """Counts of ready, leased and starting sandboxes."""
+        """Counts of ready, leased and starting (or resetting) sandboxes, and of resets verified
+        and discarded."""
         with self._lock:
             return {"ready": len(self._ready), "leased": len(self._leased), "starting": self._starting,
-                    "size": self.size}
+                    "size": self.size, "reset_verified": self.resets["verified"],
+                    "reset_discarded": self.resets["discarded"]}
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Block until all ``size`` sandboxes are warm (useful before timing); at once for a

@@ -125,6 +125,16 @@ class SandboxSpec:
 
 
 @dataclass
+class ResetResult:
+    """What :meth:`Sandbox.reset` did: ``verified`` when the sandbox is as a fresh one, else
+    ``problems`` says why not (the sandbox must then be discarded)."""
+
+    verified: bool
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
 class CommandResult:
     """What one command did."""
 
@@ -315,6 +325,14 @@ class Sandbox(ABC):
     @abstractmethod
     def _dispose(self) -> None:
         """Remove what the backend made (the container, the scratch directory)."""
+
+    def reset(self) -> ResetResult:
+        """Bring the sandbox back to the state it started in, and check that it is so.
+
+        The default cannot check: unverified, the sandbox must be discarded. A backend that
+        can (:meth:`DockerSandbox.reset <containers.docker_sandbox.DockerSandbox.reset>`) overrides it.
+        """
+        return ResetResult(False, [f"the {self.backend} backend cannot verify a reset"])
 
     def close(self) -> None:
         """End the shell and remove the sandbox. Safe to call twice."""

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from nextstate.containers.docker_sandbox import DockerSandbox
 from nextstate.containers.local_sandbox import LocalSandbox, warn_local_backend
-from nextstate.containers.protocol import (DEFAULT_IMAGE, CommandResult, Sandbox, SandboxConfigError, SandboxError,
-                                           SandboxSpec, parse_size, unsendable)
+from nextstate.containers.protocol import (DEFAULT_IMAGE, CommandResult, ResetResult, Sandbox, SandboxConfigError,
+                                           SandboxError, SandboxSpec, parse_size, unsendable)
 
-__all__ = ["DEFAULT_IMAGE", "CommandResult", "DockerSandbox", "LocalSandbox", "Sandbox", "SandboxConfigError",
-           "SandboxError", "SandboxSpec", "parse_size", "unsendable", "warn_local_backend"]
+__all__ = ["DEFAULT_IMAGE", "CommandResult", "DockerSandbox", "LocalSandbox", "ResetResult", "Sandbox",
+           "SandboxConfigError", "SandboxError", "SandboxSpec", "parse_size", "unsendable", "warn_local_backend"]

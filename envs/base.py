@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import string
@@ -43,6 +44,7 @@ from nextstate.envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, pars
 from nextstate.containers.pool import PoolTimeout, SandboxPool
 from nextstate.containers.protocol import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
+log = logging.getLogger(__name__)
 MAX_OBSERVATION_CHARS = 1 << 22
 INFRA_ERRORS = (SandboxError, PoolTimeout)
 
@@ -173,11 +175,17 @@ class NextStateEnv(gymnasium.Env):
     lease_at_reset: ClassVar[bool] = True   # False: lease on first use of ``self.sandbox``
     max_private_pools: ClassVar[int] = 4
     sandbox_defaults: ClassVar[dict[str, Any]] = {}  # SandboxSpec fields this family needs (memory...)
+    #: Why this family's sandboxes are never reused after a verified reset ("": they may be).
+    fresh_sandbox: ClassVar[str] = ""
 
     @classmethod
     def make_pool(cls, size: int, **kwargs: Any) -> SandboxPool:
-        """A pool of this family's sandboxes: its image and ``sandbox_defaults``, then ``kwargs``."""
+        """A pool of this family's sandboxes: its image and ``sandbox_defaults``, then ``kwargs``
+        (``reset="verified"`` becomes ``"replace"`` for a family with a ``fresh_sandbox`` reason)."""
         kw = {"image": cls.image, **cls.sandbox_defaults, **kwargs}
+        if cls.fresh_sandbox and kw.get("reset") == "verified":
+            log.info("%s sandboxes are not reused: %s", cls.family, cls.fresh_sandbox)
+            kw["reset"] = "replace"
         return SandboxPool(kw.pop("image"), size=size, **kw)
 
     @classmethod

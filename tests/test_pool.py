@@ -95,7 +95,8 @@ def test_a_pool_not_kept_warm_starts_sandboxes_on_demand_and_keeps_none(terminal
         while containers.project_containers(docker_client, pool.run_id) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert containers.project_containers(docker_client, pool.run_id) == []
-        assert pool.stats() == {"ready": 0, "leased": 0, "starting": 0, "size": 2}
+        assert pool.stats() == {"ready": 0, "leased": 0, "starting": 0, "size": 2,
+                                "reset_verified": 0, "reset_discarded": 0}
 
 
 def test_32_concurrent_leases_from_threads(terminal_image):

@@ -156,11 +156,13 @@ def make_envs(cfg: Config, pool_size: int | None = None,
     cls = env_class(cfg.env.family)
     tasks = load_tasks(cfg)
     pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
-                         disk=cfg.env.sandbox_disk, run_id=run_id) if cls.uses_family_image(tasks) else None
+                         disk=cfg.env.sandbox_disk, reset=cfg.env.sandbox_reset,
+                         run_id=run_id) if cls.uses_family_image(tasks) else None
 
     def factory() -> Any:
         return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
-                   warm=False, run_id=run_id, **env_kwargs(cfg))   # tasks loaded once, not per env
+                   warm=False, reset=cfg.env.sandbox_reset, run_id=run_id,
+                   **env_kwargs(cfg))   # tasks loaded once, not per env
 
     return pool, factory, tasks
 

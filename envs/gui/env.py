@@ -380,6 +380,8 @@ class GUIEnv(NextStateEnv):
     image: ClassVar[str] = "nextstate/desktop:latest"
     lease_at_reset: ClassVar[bool] = False
     sandbox_defaults: ClassVar[dict[str, Any]] = {"memory": "2g", "pids_limit": 1024}
+    fresh_sandbox: ClassVar[str] = ("a desktop's session (its X server, window manager and browser, children of "
+                                    "the container's command) is state a reset cannot check")
 
     def __init__(self, tasks: Any = "builtin", *, desktop: str = "container",
                  screen_size: tuple[int, int] = (1280, 720), observation_type: str = "screenshot_a11y_tree",

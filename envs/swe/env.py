@@ -98,6 +98,8 @@ class SWEEnv(NextStateEnv):
     family = "swe"
     default_max_steps = 20
     image = OFFLINE_IMAGE
+    fresh_sandbox = ("an episode edits the repository, files of the instance's image that a reset cannot "
+                     "restore in place: every reset would fail")
     tools = [
         tool_schema("bash", "Run a command in a persistent bash shell (working directory and variables "
                     "persist; it starts in /testbed). Returns its output and exit code.",

@@ -150,10 +150,13 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     the reward it writes (:func:`harbor_outcome`).
     """
     data, harbor = task.data, task.data.get("format") == "harbor"
-    # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace.
+    # A local sandbox is this machine: its /tests and /logs are not the sandbox's to replace. In a
+    # container they are emptied, not removed: an image's directory removed and made again could
+    # not be restored by a verified reset (:meth:`DockerSandbox.reset`).
     prepare = (f"d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d" if sandbox.backend == "local" else
-               f"rm -rf {REWARD_DIR}; mkdir -p {REWARD_DIR}; d={TEST_DIR}; rm -rf $d 2>/dev/null; "
-               f"mkdir -p $d 2>/dev/null && [ -w $d ] || {{ d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d; }}")
+               f"mkdir -p {REWARD_DIR}; find {REWARD_DIR} -mindepth 1 -delete; d={TEST_DIR}; "
+               f"mkdir -p $d 2>/dev/null && [ -w $d ] && find $d -mindepth 1 -delete 2>/dev/null "
+               f"|| {{ d={FALLBACK_TEST_DIR}; rm -rf $d; mkdir -p $d; }}")
     try:
         found = sandbox.run(f"rm -f {TEST_LOG}; {prepare}; echo $d", timeout=30)
         test_dir = (found.stdout.strip().splitlines() or [FALLBACK_TEST_DIR])[-1]
