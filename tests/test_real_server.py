@@ -8,12 +8,15 @@ answers ``GET /v1/models`` with HTTP 500.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import socket
 import subprocess
-import sys
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,8 +26,9 @@ pytestmark = pytest.mark.slow
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def serving(folder: Path):
+    """`transformers serve` on the checkpoint in ``folder`` (offline, a free port), until exit."""
     cli = shutil.which("transformers")
     if cli is None:
         pytest.skip("the transformers CLI is not installed")
@@ -33,22 +37,16 @@ def server(tmp_path_factory):
         import openai  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        if __import__("os").environ.get("CI"):
+        if os.environ.get("CI"):
             raise
         pytest.skip(f"`transformers serve` needs transformers[serving] ({e})")
-    from nextstate.agents.tiny import load_tiny
-
-    folder = tmp_path_factory.mktemp("tiny-served")
-    model, tok = load_tiny(0)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = open(folder / "serve.log", "wb")
+    log_path = Path(tempfile.mkstemp(prefix="serve-", suffix=".log")[1])
+    log = log_path.open("wb")
     proc = subprocess.Popen([cli, "serve", "--host", "127.0.0.1", "--port", str(port), str(folder)],
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -59,8 +57,7 @@ def server(tmp_path_factory):
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("transformers serve did not start:\n"
-                            + (folder / "serve.log").read_text()[-3000:])
+                pytest.fail("transformers serve did not start:\n" + log_path.read_text()[-3000:])
             time.sleep(0.5)
         yield {"url": url, "model": str(folder)}
     finally:
@@ -71,6 +68,19 @@ def server(tmp_path_factory):
             proc.kill()
             proc.wait()
         log.close()
+        log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from nextstate.agents.tiny import load_tiny
+
+    folder = tmp_path_factory.mktemp("tiny-served")
+    model, tok = load_tiny(0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    with serving(folder) as served:
+        yield served
 
 
 def test_the_server_behaves_as_the_issue_found_it(server):
@@ -124,3 +134,25 @@ def test_train_and_evaluate_need_the_model_name_here(server, tmp_path, capsys):
     assert "GET /models failed (HTTP 500" in err and err.endswith("set --model=<the served model's name>")
     from nextstate.train.wiring import probe_server
     assert probe_server(server["url"], server["model"], "judge.model") == server["model"]
+
+
+def test_the_converted_smollm2_checkpoint_served_is_a_judge_url():
+    """``judge.url`` on `transformers serve` of the smollm2 preset's cached checkpoint: every vote
+    comes back (valid or not: what the model says is not checked)."""
+    import asyncio
+
+    from nextstate.agents import smollm2
+    from nextstate.agents.openai_policy import OpenAIPolicy
+    from nextstate.judges.prm import JudgeRequest, StepJudge
+
+    try:
+        smollm2.check()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    with serving(smollm2.checkpoint()) as served:
+        judge = StepJudge(OpenAIPolicy(served["url"], model=served["model"], timeout=300), m=2,
+                          max_tokens=16, timeout=600)
+        req = JudgeRequest("terminal", "print hi", [], {"name": "bash", "arguments": {"command": "echo hi"}},
+                           {"valid": True, "output": "hi", "exit_code": 0})
+        result = asyncio.run(judge.judge(req))
+    assert result.error is None and len(result.raw) == 2 and all(isinstance(r, str) and r for r in result.raw)
