@@ -263,6 +263,16 @@ def parent_of(directory: Path) -> str | None:
     return None
 
 
+def suite_of(dirs: list[Path]) -> str:
+    """The Debian suite a chain is built on: the word in the nearest ``suite`` file from the
+    end of the chain (an image that wants another release than its parents), else bookworm."""
+    for directory in reversed(dirs):
+        path = directory / "suite"
+        if path.is_file() and (words := re.sub(r"#.*", "", path.read_text()).split()):
+            return words[0]
+    return SUITE
+
+
 def chain(directory: Path) -> list[Path]:
     """The directory and its ancestors, root first."""
     dirs, seen = [directory], {directory.resolve()}
@@ -546,13 +556,17 @@ def build_chain(
 ) -> str:
     """Builds `dirs` in order, each on the previous; only the last is tagged.
 
-    With no `base`, the first Dockerfile's own default is used online, and a
-    rootfs with the chain's packages offline.
+    With no `base`, the chain starts online on the first Dockerfile's own default (or
+    ``debian:<suite>-slim`` when the chain names another suite, :func:`suite_of`), and
+    offline on a rootfs of the chain's suite with the chain's packages.
     """
     labels = {HASH_LABEL: digest}
+    suite = suite_of(dirs)
     if base is None and offline:
         packages = [p for d in dirs for p in read_packages(d)]
-        base = rootfs_image(client, tag.split("/")[-1].split(":")[0], packages, progress, force)
+        base = rootfs_image(client, tag.split("/")[-1].split(":")[0], packages, progress, force, suite=suite)
+    elif base is None and suite != SUITE:
+        base = f"debian:{suite}-slim"
     args = {"OFFLINE": "1"} if offline else {}
     for i, directory in enumerate(dirs):
         last = i == len(dirs) - 1
@@ -600,7 +614,7 @@ def rebuild(client: docker.DockerClient, name: str, dirs: list[Path], digest: st
     offline = is_offline(client) if offline is None else offline
     parent = parent_of(dirs[-1])
     own = read_packages(dirs[-1])
-    if parent is not None and not (offline and own):
+    if parent is not None and not (offline and own) and suite_of(dirs[:-1]) == suite_of(dirs):
         base = build(parent, client=client, offline=offline).tag
         todo = dirs[-1:]
     else:

@@ -202,6 +202,9 @@ def test_chain_and_hash_follow_parents(tmp_path: Path, monkeypatch: pytest.Monke
     assert b.chain_hash(b.chain(tmp_path / "child")) == before
     (tmp_path / "root" / "extra.sh").write_text("echo\n")
     assert b.chain_hash(b.chain(tmp_path / "child")) != before
+    assert b.suite_of(b.chain(tmp_path / "child")) == "bookworm"
+    (tmp_path / "child" / "suite").write_text("# the release\ntrixie\n")   # the leaf moves its chain
+    assert b.suite_of(b.chain(tmp_path / "child")) == "trixie" and b.suite_of([tmp_path / "root"]) == "bookworm"
     with pytest.raises(ValueError, match="unknown image"):
         b.image_dir("nope")
 

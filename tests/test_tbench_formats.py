@@ -514,6 +514,9 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     extra = public_stand_ins(Engine(), text)
     assert extra == [("python:3*-slim*", "tbench-python")]  # ubuntu:22.04 is here; t-bench/* is in the table
     assert resolve_from(text, extra)[0].splitlines()[0] == "FROM nextstate/tbench-python:latest AS b"
+    three13 = "FROM python:3.13-slim-bookworm\nFROM debian:trixie-slim\nFROM python:3.12\n"
+    assert public_stand_ins(Engine(), three13) == [("python:3.13*", "tbench-trixie"),
+                                                   ("debian:trixie*", "tbench-trixie"), ("python:3*", "tbench-dev")]
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
@@ -552,6 +555,33 @@ def test_the_full_python_stand_in_compiles_c(terminal_image: str, tmp_path: Path
     try:
         build_image(tmp_path, tag, client=docker_client)
         assert docker_client.containers.run(tag, ["hi"], remove=True).decode().strip() == "compiled"
+    finally:
+        try:
+            docker_client.images.remove(tag, force=True)
+        except Exception:
+            pass
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_python_3_13_stand_in_is_trixie_with_python_3_13(terminal_image: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.13-slim`` offline: the stand-in built on Debian trixie, whose python3 is 3.13,
+    where pip installs system-wide and C compiles."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM python:3.13-slim\n"
+        "RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > /tmp/hi.c"
+        " && gcc -o /usr/local/bin/hi /tmp/hi.c\n"
+        "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; true\n")
+    tag = f"nextstate-test/py313standin-{uuid.uuid4().hex[:8]}:latest"
+    try:
+        build_image(tmp_path, tag, client=docker_client)
+        out = docker_client.containers.run(
+            tag, ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"],
+            remove=True).decode()
+        assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
+        assert "externally-managed" not in out and "No matching distribution" in out, out
     finally:
         try:
             docker_client.images.remove(tag, force=True)
