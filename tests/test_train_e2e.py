@@ -24,6 +24,15 @@ def _finite(row: dict) -> bool:
     return all(v is None or not isinstance(v, float) or math.isfinite(v) for v in row.values())
 
 
+def test_zero_steps_evaluates_the_starting_point_and_trains_nothing(tmp_path, terminal_image):
+    out = tmp_path / "run"
+    done = _train(out, "eval.tasks=procedural:1000000:2", "--steps", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] and rows[0]["eval/episodes"] == 2
+    assert not list((out / "checkpoints").glob("step_*"))
+
+
 def test_train_two_steps_then_resume_to_three(tmp_path, terminal_image):
     out = tmp_path / "run"
     first = _train(out, "eval.tasks=procedural:1000000:2", "--steps", "2")   # held out: before step 1, after 2

@@ -299,14 +299,15 @@ class LocalTrainer:
 
     # -- the run ---------------------------------------------------------------------
     def run(self) -> list[dict[str, Any]]:
-        """Train until ``run.steps``; returns the metrics rows of the whole run."""
+        """Train until ``run.steps``; returns the metrics rows of the whole run (``run.steps=0``:
+        the held-out evaluation of the starting point alone)."""
         from tqdm.auto import tqdm
 
         total = self.cfg.run.steps
         self.bar = tqdm(total=total, initial=min(self.start, total), desc="steps", disable=not self.progress)
         self._last_done = time.monotonic()
         try:
-            if self.start < total:
+            if self.start < total or (self.start == 0 and self.eval_tasks):
                 asyncio.run(self._run(total))
         finally:
             self.bar.close()
