@@ -56,6 +56,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tag_stand_ins(args: argparse.Namespace) -> int:
+    """Tags the stand-ins of the named public images under those names, a line each."""
+    from nextstate.containers.stand_ins import tag_stand_ins
+
+    for name, tag, what in tag_stand_ins(connect(args.host), args.names, force=args.force):
+        print(f"{name}: {what} ({tag})", flush=True)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser."""
     top = argparse.ArgumentParser(prog="python -m containers", description=__doc__)
@@ -68,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     for command in entry_points(group=COMMANDS):   # subcommands that packages above the runtime add
         command.load()(sub)
+    t = sub.add_parser("tag-stand-ins", help="tag the offline stand-ins of public base images under their "
+                       "names (ubuntu:24.04, python:3.12-slim, ...), so tools that build FROM them work here")
+    t.add_argument("names", nargs="+", metavar="NAME", help="public image names with their tags")
+    t.add_argument("--force", action="store_true", help="replace a name the engine already holds")
+    t.set_defaults(func=cmd_tag_stand_ins)
     r = sub.add_parser("reap", help="remove containers whose owner process is gone")
     r.add_argument("--all-hosts", action="store_true", help="also remove containers owned by other hosts")
     r.add_argument("--run-id", help="remove this run's containers, whether or not their owner lives")

@@ -1,6 +1,8 @@
 """``python -m envs validate FAMILY [--tasks PATH] [--parallel N]``: the oracle check;
 ``python -m envs serve FAMILY [--port P] [--max-sessions N]``: the family over OpenEnv's API
-(:mod:`envs.openenv`).
+(:mod:`envs.openenv`);
+``python -m envs export-harbor terminal --out DIR [--tasks PATH]``: terminal tasks as Harbor task
+directories (:mod:`envs.terminal.harbor_export`).
 
 FAMILY is a registered family, ``module:family`` (the module is imported first and
 registers it), or the name of a module that registers a family of the same name.
@@ -38,9 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--backend", default="auto", choices=["auto", "docker", "local"],
                        help="sandbox backend (default: docker when available)")
     serve.add_argument("--max-steps", type=int, help="steps before truncation (default: the family's)")
+    harbor = sub.add_parser("export-harbor", help="write a family's tasks as Harbor task directories")
+    harbor.add_argument("family", help="terminal (the family whose tasks Harbor's format holds)")
+    harbor.add_argument("--out", required=True, help="folder for the task directories")
+    harbor.add_argument("--tasks", help="task directory or file, or procedural:START:COUNT (default: the built-in set)")
+    harbor.add_argument("--ids", help="comma-separated task ids to write (default all)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return run_server(args)
+    if args.command == "export-harbor":
+        return export_harbor(args)
     try:
         checks = validate(registry.resolve(args.family), args.tasks, parallel=args.parallel, backend=args.backend,
                           env_kwargs={"user": args.user} if args.user else None)
@@ -49,6 +58,31 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(summary(checks))
     return 1 if not checks or not all(c.ok for c in checks) else 0
+
+
+def export_harbor(args: argparse.Namespace) -> int:
+    """``python -m envs export-harbor``: write the tasks, one line per run."""
+    from nextstate.envs.terminal import TerminalEnv
+    from nextstate.envs.terminal.harbor_export import export_tasks
+
+    if args.family != "terminal":
+        print(f"error: export-harbor writes terminal tasks only, not {args.family!r}", file=sys.stderr)
+        return 1
+    try:
+        tasks, broken = TerminalEnv.load_task_set(args.tasks)
+        if args.ids:
+            wanted = set(args.ids.split(","))
+            missing = wanted - {t.id for t in tasks}
+            if missing:
+                raise ValueError(f"no task {', '.join(sorted(missing))} in {args.tasks or 'the built-in set'}")
+            tasks = [t for t in tasks if t.id in wanted]
+        written = export_tasks(tasks, args.out)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    left = f"; {len(broken)} could not be read ({broken[0][0]}: {broken[0][1]})" if broken else ""
+    print(f"wrote {len(written)} Harbor tasks to {args.out}{left}")
+    return 0
 
 
 def run_server(args: argparse.Namespace) -> int:

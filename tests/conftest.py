@@ -60,3 +60,30 @@ def wheel(tmp_path_factory) -> Path:
                     "-w", str(base / "dist"), str(base / "src")], check=True, cwd=base)
     [built] = (base / "dist").glob("nextstate-*.whl")
     return built
+
+
+HARBOR_VENV = Path(os.environ.get("NEXTSTATE_HARBOR_VENV", "/tmp/harbor-venv"))
+
+
+@pytest.fixture(scope="session")
+def harbor_python() -> Path:
+    """The Python of a venv with ``harbor`` installed (it needs Python >= 3.12; this machine's is
+    3.11): ``NEXTSTATE_HARBOR_VENV`` (default /tmp/harbor-venv), made with pyenv's 3.12 and
+    ``pip install harbor`` when missing. Skipped, with the reason, where neither can be had."""
+    python = HARBOR_VENV / "bin" / "python"
+    if not python.exists():
+        pyenv = shutil.which("pyenv")
+        versions = subprocess.run([pyenv, "versions", "--bare"], capture_output=True, text=True).stdout.split() \
+            if pyenv else []
+        found = next((v for v in versions if v.startswith(("3.12", "3.13"))), None)
+        if found is None:
+            pytest.skip("harbor needs Python >= 3.12 and this machine has none (pyenv has no 3.12 or 3.13)")
+        made = subprocess.run(["python", "-m", "venv", str(HARBOR_VENV)], env={**os.environ, "PYENV_VERSION": found},
+                              capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"could not make a Python {found} venv for harbor: {made.stderr.strip()[-300:]}")
+    if subprocess.run([str(python), "-c", "import harbor"], capture_output=True).returncode != 0:
+        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "harbor==0.26.0"], capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"pip could not install harbor in {HARBOR_VENV}: {got.stderr.strip()[-300:]}")
+    return python

@@ -3,6 +3,7 @@
     python -m viewer runs/terminal                    # serves http://127.0.0.1:8765
     python -m viewer runs/eval --port 9000
     python -m viewer runs/terminal --export run.html  # one self-contained page to share
+    python -m viewer runs/terminal --export-atif      # ATIF trajectories (Harbor's format) in runs/terminal/atif
 
 Works on the output folder of ``python -m train`` (``rollouts.jsonl``, or one
 ``rollouts.<host>.<pid>.jsonl`` per agent-loop worker of a veRL run, read together in time order,
@@ -26,6 +27,7 @@ import sys
 import threading
 import webbrowser
 
+from nextstate.viewer.atif import export_atif
 from nextstate.viewer.index import RunIndex
 from nextstate.viewer.server import export, make_server
 
@@ -38,8 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0 picks one)")
     p.add_argument("--export", metavar="FILE.html", help="write one self-contained page instead of serving")
     p.add_argument("--open", action="store_true", help="open the page in a browser")
+    p.add_argument("--export-atif", action="store_true",
+                   help="write each episode as an ATIF trajectory (Harbor's format) instead of serving")
+    p.add_argument("--out", metavar="DIR", help="folder for --export-atif (default RUN/atif)")
     args = p.parse_args(argv)
     try:
+        if args.export_atif:
+            files, skipped = export_atif(args.run, args.out)
+            left = f"; {len(skipped)} without recorded steps left out" if skipped else ""
+            where = files[0].parent if files else (args.out or f"{args.run}/atif")
+            print(f"wrote {len(files)} ATIF trajectories to {where}{left}")
+            return 0 if files else 1
         index = RunIndex(args.run)
         if args.export:
             dest = export(index, args.export)

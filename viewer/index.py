@@ -334,7 +334,8 @@ class RunIndex:
                                self.run, link, after)
             adv = self.advantages.get((ep.group_id, ep.sample, i))
             steps.append({
-                "index": i, "recorded": bool(rec), "role": rec.get("role"), "messages": messages,
+                "index": i, "recorded": bool(rec), "time": rec.get("time"), "role": rec.get("role"),
+                "messages": messages,
                 "text": rest.get("text"), "action": rest.get("action"), "next_state": rest.get("next_state"),
                 "env_reward": rest.get("reward"),
                 "extra": {k: v for k, v in rest.items() if k not in _SHOWN},
