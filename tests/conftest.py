@@ -83,7 +83,8 @@ def harbor_python() -> Path:
         if made.returncode != 0:
             pytest.skip(f"could not make a Python {found} venv for harbor: {made.stderr.strip()[-300:]}")
     if subprocess.run([str(python), "-c", "import harbor"], capture_output=True).returncode != 0:
-        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "harbor==0.26.0"], capture_output=True, text=True)
+        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "harbor==0.26.0"],
+                             capture_output=True, text=True)
         if got.returncode != 0:
             pytest.skip(f"pip could not install harbor in {HARBOR_VENV}: {got.stderr.strip()[-300:]}")
     return python
