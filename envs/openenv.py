@@ -35,6 +35,7 @@ from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from openenv.core.generic_client import GenericEnvClient
+from websockets.exceptions import ConnectionClosed
 from pydantic import ConfigDict, Field, model_validator
 from starlette.websockets import WebSocketDisconnect
 
@@ -70,6 +71,18 @@ def wait_healthy(url: str, timeout: float = 60.0, alive: Callable[[], bool] | No
 
 
 # -- serving ---------------------------------------------------------------------------------------
+#: What openenv-core's client raises when a server fails or goes away.
+CLIENT_ERRORS = (ConnectionError, OSError, RuntimeError, TimeoutError, ConnectionClosed)
+
+
+def _said(e: BaseException) -> str:
+    """One line for a client error; a closed WebSocket says what a full server does."""
+    if isinstance(e, ConnectionClosed):
+        return ("the server closed the session before answering (a server at its session limit sends "
+                f"CAPACITY_REACHED and closes): {e}")
+    return " ".join(str(e).split())
+
+
 class NextStateAction(Action):
     """One action: the model's ``text`` (a tool call in any form the family parses), or one tool
     call given as ``name`` and ``arguments``."""
@@ -286,9 +299,9 @@ class OpenEnvEnv(NextStateEnv):
     def start_episode(self, task: Task) -> Any:
         try:
             result = self._session().reset(**({"seed": task.data["seed"]} if "seed" in task.data else {}))
-        except (ConnectionError, OSError, RuntimeError) as e:
+        except CLIENT_ERRORS as e:
             self._drop()
-            raise ValueError(f"OpenEnv server {self.url}: {e}") from None
+            raise ValueError(f"OpenEnv server {self.url}: {_said(e)}") from None
         self._last = {"reward": result.reward, "done": result.done, "observation": result.observation}
         return self._text(result.observation)
 
@@ -305,9 +318,9 @@ class OpenEnvEnv(NextStateEnv):
         action = {"name": call.name, "arguments": call.arguments} if self.served else call.arguments
         try:
             result = self._session().step(action)
-        except (ConnectionError, OSError, RuntimeError, TimeoutError) as e:
+        except CLIENT_ERRORS as e:
             self._drop()
-            return ToolResult(f"The OpenEnv server failed: {e}", done=True, extra={"openenv_error": str(e)})
+            return ToolResult(f"The OpenEnv server failed: {_said(e)}", done=True, extra={"openenv_error": _said(e)})
         obs = result.observation
         self._last = {"reward": result.reward, "done": result.done, "observation": obs}
         extra = dict(obs.get("next_state") or {}) if self.served else {"observation": obs}
