@@ -5,6 +5,7 @@ credits the judged turns (their votes, their session's outcome) to the trainer."
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ from nextstate.agents.recorder import Recorder
 from nextstate.judges.hints import teacher_messages
 from nextstate.judges.prm import DEFAULT_TEMPLATE, TEMPLATES, JudgeRequest, JudgeResult
 from nextstate.judges.rules import text_state
+from nextstate.train.config import GroupConfig
+from nextstate.train.proxy import group as grouping
 from nextstate.train.proxy.trainer import ProxyTrainer
-from nextstate.train.proxy.wire import BadRequest, ChatRequest
+from nextstate.train.proxy.wire import BadRequest, ChatRequest, assistant_message
 from nextstate.train.sessions import Session, SessionTable, Turn
 
 FAMILY = "proxy"   # the family of the proxy's judge requests: no env family's
@@ -33,8 +36,14 @@ class TrainingProxy:
 
     def __init__(self, policy: Any, output: Path, *, judge: Any = None, trainer: ProxyTrainer | None = None,
                  hinter: Any = None, wait_outcome: bool = False, model_name: str = "policy",
-                 max_tokens: int = 2048, max_body_bytes: int = 4 << 20, api_key: str | None = None):
+                 max_tokens: int = 2048, max_body_bytes: int = 4 << 20, api_key: str | None = None,
+                 group: GroupConfig | None = None, ranker: Any = None, seed: int = 0):
         self.policy, self.output, self.judge, self.trainer = policy, output, judge, trainer
+        self.group = group if group is not None and group.samples > 1 else None
+        self.ranker = ranker if self.group is not None else None
+        if self.group is not None and ranker is None:
+            raise ValueError("group sampling needs a ranker")
+        self.rng = random.Random(seed)
         self.hinter, self.wait_outcome = hinter, wait_outcome
         self.model_name, self.max_tokens, self.max_body_bytes, self.api_key = model_name, max_tokens, max_body_bytes, api_key
         self.sessions = SessionTable()
@@ -53,6 +62,55 @@ class TrainingProxy:
         if prev is not None:
             self._judge(session, prev)
         return session
+
+    def grouped(self, req: ChatRequest, session: Session | None) -> bool:
+        """Whether ``req`` is answered by group sampling: a main-line turn, with ``--samples`` > 1."""
+        return self.group is not None and req.turn_type == "main" and session is not None
+
+    async def answer(self, req: ChatRequest, session: Session | None) -> Generation:
+        """The answer to ``req``: one generation, or with group sampling the candidate
+        :func:`~train.proxy.group.pick` returns of ``samples`` sampled in one batch (``best``: after
+        the ranker; ``random``: at once, the ranking and the group's training in the background)."""
+        if not self.grouped(req, session):
+            return await self.policy.generate(req.messages, req.tools, **req.sampling)
+        g = self.group
+        gens = await self.policy.generate_group(req.messages, req.tools, g.samples, **req.sampling)
+        index = session.turns
+        if g.choose == "random":
+            chosen = grouping.pick("random", None, len(gens), self.rng)
+            task = asyncio.ensure_future(self._rank_group(req, session, index, gens, chosen))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+            return gens[chosen]
+        return gens[await self._rank_group(req, session, index, gens)]
+
+    async def _rank_group(self, req: ChatRequest, session: Session, index: int, gens: list[Generation],
+                          chosen: int | None = None) -> int:
+        """Rank a group, choose (unless ``chosen`` was), record it (``"kind": "group"``) and offer
+        its candidates to the trainer with their group-normalized advantages; the choice."""
+        texts = [g.text for g in gens]
+        t0 = time.monotonic()
+        ranking = await self.ranker.rank(req.messages, texts, req.tools)
+        seconds = time.monotonic() - t0
+        values, terms = grouping.rewards(self.group, ranking, req.messages, texts, req.tools)
+        if chosen is None:
+            chosen = grouping.pick(self.group.choose, values, len(gens), self.rng)
+        adv, signal = grouping.advantages(values, self.trainer.eps if self.trainer else 1e-6) if values else (None, False)
+        self.recorder.record("group", {
+            "group_id": session.group_id, "task_id": session.id, "sample": 0, "step": index,
+            "ranker": type(self.ranker).__name__, "reward_kind": self.group.reward, "choose": self.group.choose,
+            "chosen": chosen, "texts": texts, "scores": ranking.scores, "terms": terms, "rewards": values,
+            "advantages": adv, "error": ranking.error, "prompt": ranking.prompt, "raw": ranking.raw,
+            "seconds": seconds, "policy_version": gens[0].policy_version})
+        if self.trainer is not None and values is not None and signal:
+            temperature = float(req.sampling.get("temperature") or 0.0)
+            members = []
+            for i, (gen, r, a) in enumerate(zip(gens, values, adv)):
+                turn = Turn(index, req.messages, gen, assistant_message(gen.text, req.tools), temperature,
+                            req.tools, keys=req.keys, candidate=i)
+                members.append((turn, r, a, self._why_not(turn)))
+            self.trainer.offer_group(session, members)
+        return chosen
 
     async def record_turn(self, req: ChatRequest, gen: Generation, reply: dict,
                           session: Session | None = None) -> Session | None:

@@ -42,6 +42,7 @@ class ProxyTrainer:
         self.nice = nice
         self.learner = Learner(policy, cfg)
         self.temperature = self.learner.temperature
+        self.eps = cfg.advantage.eps
         self.w_rl = rl_weight(cfg.opd)
         self.weight_opd = cfg.opd.weight_opd if cfg.opd.mode != "rl" else 0.0
         self.metrics = MetricsLog(output)
@@ -56,7 +57,7 @@ class ProxyTrainer:
         self._lock = threading.RLock()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
                                            initializer=self._lower_priority)
-        self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
+        self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0, "grouped": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
         self.updates: list[tuple[float, float]] = []   # (start, end) of each PPO step before its swap
 
@@ -83,6 +84,21 @@ class ProxyTrainer:
         self.counts["hinted"] += teacher is not None
         with self._lock:
             self.ready.append((session, turn, advantage, reward, teacher))
+            if not self.busy.is_set():
+                self._next_step()
+
+    def offer_group(self, session: Session, members: list[tuple[Turn, float, float, str | None]]) -> None:
+        """A group's candidates (``--samples``) as ``(turn, reward, group-normalized advantage, why
+        not trainable)``: each trains with ``w_rl`` times its advantage (0: dropped)."""
+        with self._lock:
+            for turn, reward, advantage, why_not in members:
+                self.counts["grouped"] += 1
+                if why_not is not None:
+                    self.counts["untrainable"] += 1
+                elif not self.w_rl * advantage:
+                    self.counts["zero"] += 1
+                else:
+                    self.ready.append((session, turn, self.w_rl * advantage, reward, None))
             if not self.busy.is_set():
                 self._next_step()
 
@@ -121,13 +137,15 @@ class ProxyTrainer:
             self.advantages.record("advantage", {"train_step": self.steps, "group_id": s.group_id,
                                                  "task_id": s.id, "sample": 0, "step": t.index, "role": "agent",
                                                  "reward": r, "advantage": a, "kept": True,
-                                                 **({"hint": t.hint} if h is not None else {})})
+                                                 **({"hint": t.hint} if h is not None else {}),
+                                                 **({"candidate": t.candidate} if t.candidate is not None else {})})
         adv = [a for _, _, a, _, _ in chosen]
         rewards = [r for _, _, _, r, _ in chosen]
         metrics.update({"batch/samples": len(samples), "batch/response_tokens": sum(len(s.response_ids) for s in samples),
                         "reward/mean": sum(rewards) / len(rewards), "advantage/mean": sum(adv) / len(adv),
                         "advantage/std": float(np.std(adv)),
                         **({"opd/hinted_samples": sum(h is not None for *_, h in chosen)} if self.weight_opd else {}),
+                        "group/samples": sum(t.candidate is not None for _, t, *_ in chosen),
                         "proxy/version": self.policy.version, "proxy/staleness_max": self.policy.version - 1 - min(versions),
                         "proxy/judged_turns": self.counts["judged"], "proxy/zero_turns": self.counts["zero"],
                         "proxy/untrainable_turns": self.counts["untrainable"],
