@@ -21,7 +21,9 @@ from nextstate.train.config import Config, ConfigError, config_from_dict, judge_
 from nextstate.train.proxy.app import serve
 from nextstate.train.proxy.service import JUDGE_TEMPLATES, TrainingProxy
 from nextstate.train.proxy.trainer import ProxyTrainer
+from nextstate.train import checkpoint
 from nextstate.train.proxy.group import make_ranker
+from nextstate.train.proxy.rubric import Rubric, load_versions, make_source
 from nextstate.train.wiring import judge_backend, make_hinter, make_judge
 
 MODES = ("rl", "opd", "combine")
@@ -56,6 +58,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group-reward", choices=("rank", "quality_gate"), default=None,
                    help="a candidate's reward: the ranker's score, or the quality gate times the weighted "
                         "sum of score, relevance and diversity (weights: --set group.weight_*=...)")
+    p.add_argument("--rubric", choices=("off", "llm", "rules"), default="off",
+                   help="an evolving judge rubric from the user's stated preferences: llm (the judge's LLM "
+                        "detects and merges them), rules (a rule baseline)")
+    p.add_argument("--rubric-every", type=int, default=3,
+                   help="user messages that must pass between two rubric changes")
+    p.add_argument("--rubric-pin", action="store_true", help="keep the rubric as it is (preferences recorded only)")
+    p.add_argument("--rubric-reset", action="store_true", help="start the rubric over (a new version with none)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on in --output: the last checkpoint's weights, optimizer and step, the rubric's versions")
     p.add_argument("--batch", type=int, default=16, help="judged turns per training step")
     p.add_argument("--no-train", action="store_true", help="serve, record and judge only")
     p.add_argument("--save-every", type=int, default=10, help="training steps between checkpoints")
@@ -103,6 +114,20 @@ def make_group_ranker(cfg: Config, policy: Any) -> Any:
                        temperature=j.temperature, max_tokens=j.max_tokens)
 
 
+def make_rubric(args: argparse.Namespace, cfg: Config, policy: Any, output: Path) -> Rubric | None:
+    """The evolving rubric ``--rubric`` asks for (None: off), with the versions ``--output``'s
+    ``rollouts.jsonl`` holds on ``--resume``."""
+    if args.rubric == "off":
+        return None
+    j = cfg.judge
+    if args.rubric == "llm" and j.mode not in ("policy", "url"):
+        raise ConfigError(f"--rubric llm needs an LLM judge (--judge policy or a URL), not --judge {j.mode}")
+    source = make_source(args.rubric, judge_backend(cfg, policy) if args.rubric == "llm" else None,
+                         temperature=j.temperature, max_tokens=j.max_tokens)
+    versions = load_versions(output / "rollouts.jsonl") if args.resume else []
+    return Rubric(source, every=args.rubric_every, pinned=args.rubric_pin, versions=versions, reset=args.rubric_reset)
+
+
 def build(args: argparse.Namespace) -> TrainingProxy:
     """The proxy a command line asks for."""
     import torch
@@ -111,27 +136,35 @@ def build(args: argparse.Namespace) -> TrainingProxy:
 
     if args.batch < 1:
         raise ConfigError("--batch must be at least 1")
+    if args.rubric_every < 1:
+        raise ConfigError("--rubric-every must be at least 1")
     cfg = build_config(args)
     source = args.hint_source or (args.judge if args.judge not in ("none", "rules") else "rules")
     hint_cfg = hinter_config(cfg, source) if source != "none" else None
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    ckpt = checkpoint.latest(output) if args.resume else None
+    if args.resume:
+        print(f"--resume: {f'from {ckpt}' if ckpt else f'no checkpoint under {output}: from {args.model}'}",
+              file=sys.stderr, flush=True)
+    model = str(ckpt / "model") if ckpt is not None else args.model
     try:
-        policy = HFPolicy(args.model, device=device, seed=args.seed, max_new_tokens=args.max_tokens)
+        policy = HFPolicy(model, device=device, seed=args.seed, max_new_tokens=args.max_tokens)
     except OSError as e:
-        raise ConfigError(f"cannot load model {args.model!r}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"cannot load model {model!r}: {str(e).splitlines()[0]}") from None
     judge = make_judge(cfg, policy, JUDGE_TEMPLATES)
     hinter = make_hinter(hint_cfg, policy, JUDGE_TEMPLATES) if hint_cfg is not None else None
     ranker = make_group_ranker(cfg, policy)
-    trainer = (ProxyTrainer(policy, cfg, output, args.batch, args.save_every, nice=args.learner_nice)
+    rubric = make_rubric(args, cfg, policy, output)
+    trainer = (ProxyTrainer(policy, cfg, output, args.batch, args.save_every, nice=args.learner_nice, resume=ckpt)
                if not args.no_train else None)
     (output / "proxy.json").write_text(json.dumps({**vars(args), "api_key": bool(args.api_key),
                                                    "config": cfg.to_dict()}, indent=1, default=str) + "\n")
     return TrainingProxy(policy, output, judge=judge, hinter=hinter, trainer=trainer,
                          wait_outcome=args.wait_outcome, model_name=args.served_name or args.model,
                          max_tokens=args.max_tokens, max_body_bytes=args.max_body_mb << 20, api_key=args.api_key,
-                         group=cfg.group, ranker=ranker, seed=args.seed)
+                         group=cfg.group, ranker=ranker, seed=args.seed, rubric=rubric)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ from nextstate.agents.chat import clip
 from nextstate.agents.policy import content_text
 from nextstate.train.advantage import bucket_normalize
 from nextstate.train.config import GroupConfig
+from nextstate.train.proxy.registry import make, registrar
 
 _WORD = re.compile(r"[^\W_]{3,}")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
@@ -43,14 +44,8 @@ _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 RANKERS: dict[str, Callable[..., Any]] = {}
 
 
-def register_ranker(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add a ranker under ``name`` (``group.ranker=name``); a name already taken is an error."""
-    def deco(cls: Callable[..., Any]) -> Callable[..., Any]:
-        if name in RANKERS:
-            raise ValueError(f"a ranker named {name!r} is already registered")
-        RANKERS[name] = cls
-        return cls
-    return deco
+register_ranker = registrar(RANKERS, "ranker")
+register_ranker.__doc__ = "Add a ranker under ``name`` (``group.ranker=name``); a name already taken is an error."
 
 
 @dataclass
@@ -127,7 +122,9 @@ class RuleRanker:
     def __init__(self, **_: Any):
         pass
 
-    async def rank(self, messages: list[dict], texts: list[str], tools: list[dict] | None = None) -> Ranking:
+    async def rank(self, messages: list[dict], texts: list[str], tools: list[dict] | None = None,
+                   criteria: str = "") -> Ranking:
+        """Scores by rule (``criteria``, the user's stated preferences, are not read: a rule cannot)."""
         query = query_text(messages)
         scores = [quality_gate(t, tools) * relevance(t, query) for t in texts]
         return Ranking(scores, prompt=f"rules: quality gate x relevance to {clip(query, 200)!r}")
@@ -168,18 +165,22 @@ class ListwiseRanker:
         self.timeout, self.keep_messages = timeout, keep_messages
         self.message_chars, self.candidate_chars = message_chars, candidate_chars
 
-    def messages(self, messages: list[dict], texts: list[str]) -> list[dict]:
-        """The judge's prompt for ``texts`` answering ``messages``."""
+    def messages(self, messages: list[dict], texts: list[str], criteria: str = "") -> list[dict]:
+        """The judge's prompt for ``texts`` answering ``messages`` (``criteria``: the user's stated
+        preferences, the evolving rubric's current text)."""
         conversation = "\n\n".join(f"[{m.get('role')}] {clip(content_text(m.get('content')), self.message_chars)}"
                                    for m in messages[-self.keep_messages:])
         candidates = "\n\n".join(f"### Candidate {i + 1}\n{clip(t, self.candidate_chars) or '(empty)'}"
                                  for i, t in enumerate(texts))
         example = ", ".join(f"s{i + 1}" for i in range(len(texts)))
         user = LISTWISE_USER.format(conversation=conversation, candidates=candidates, n=len(texts), example=example)
-        return [{"role": "system", "content": LISTWISE_SYSTEM}, {"role": "user", "content": user}]
+        system = LISTWISE_SYSTEM + (f"\n\nThe user has stated these preferences; score against them too:\n{criteria}"
+                                    if criteria else "")
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    async def rank(self, messages: list[dict], texts: list[str], tools: list[dict] | None = None) -> Ranking:
-        prompt = self.messages(messages, texts)
+    async def rank(self, messages: list[dict], texts: list[str], tools: list[dict] | None = None,
+                   criteria: str = "") -> Ranking:
+        prompt = self.messages(messages, texts, criteria)
         shown = "\n\n".join(m["content"] for m in prompt)
         try:
             answers = await asyncio.wait_for(self.backend.complete(prompt, n=self.m, temperature=self.temperature,
@@ -197,9 +198,7 @@ class ListwiseRanker:
 
 def make_ranker(name: str, backend: Any = None, **kw: Any) -> Any:
     """The registered ranker ``name`` (``backend``: the LLM of an LLM ranker)."""
-    if name not in RANKERS:
-        raise ValueError(f"unknown ranker {name!r}; registered: {', '.join(sorted(RANKERS))}")
-    return RANKERS[name](backend=backend, **kw)
+    return make(RANKERS, "ranker", name, backend=backend, **kw)
 
 
 # -- rewards, the choice, advantages ------------------------------------------------------------

@@ -34,22 +34,28 @@ class ProxyTrainer:
     learner thread (and the torch threads it starts) runs ``nice`` steps below the server, so a
     step that shares the CPU with generation takes the cycles generation leaves (0: same priority)."""
 
-    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10):
+    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10,
+                 resume: Path | None = None):
         from nextstate.train.learner import Learner
         from nextstate.train.metrics import MetricsLog
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
         self.nice = nice
         self.learner = Learner(policy, cfg)
+        self.steps = 0
+        if resume is not None:   # checkpoint ``resume``: its weights are the policy's; here the rest
+            meta, state = checkpoint.load(resume)
+            self.learner.load_state_dict(state)
+            self.steps = int(meta["step"])
+            policy.version = int(meta.get("version", self.steps))
         self.temperature = self.learner.temperature
         self.eps = cfg.advantage.eps
         self.w_rl = rl_weight(cfg.opd)
         self.weight_opd = cfg.opd.weight_opd if cfg.opd.mode != "rl" else 0.0
-        self.metrics = MetricsLog(output)
+        self.metrics = MetricsLog(output, resume_step=self.steps if resume is not None else None)
         self.advantages = Recorder(output / "advantages.jsonl")
         self.ready: list[tuple[Session, Turn, float, float, list[int] | None]] = []
-        self.steps = 0
-        self.saved = 0
+        self.saved = self.steps
         self.busy = threading.Event()
         self.closing = False
         # ready and busy: offered on the event loop, taken on the learner thread; reentrant, as a step
@@ -138,7 +144,9 @@ class ProxyTrainer:
                                                  "task_id": s.id, "sample": 0, "step": t.index, "role": "agent",
                                                  "reward": r, "advantage": a, "kept": True,
                                                  **({"hint": t.hint} if h is not None else {}),
-                                                 **({"candidate": t.candidate} if t.candidate is not None else {})})
+                                                 **({"candidate": t.candidate} if t.candidate is not None else {}),
+                                                 **({"rubric_version": t.rubric_version}
+                                                    if t.rubric_version is not None else {})})
         adv = [a for _, _, a, _, _ in chosen]
         rewards = [r for _, _, _, r, _ in chosen]
         metrics.update({"batch/samples": len(samples), "batch/response_tokens": sum(len(s.response_ids) for s in samples),
@@ -146,6 +154,8 @@ class ProxyTrainer:
                         "advantage/std": float(np.std(adv)),
                         **({"opd/hinted_samples": sum(h is not None for *_, h in chosen)} if self.weight_opd else {}),
                         "group/samples": sum(t.candidate is not None for _, t, *_ in chosen),
+                        **({"rubric/versions": rubric} if (rubric := sorted({t.rubric_version for _, t, *_ in chosen
+                                                                             if t.rubric_version is not None})) else {}),
                         "proxy/version": self.policy.version, "proxy/staleness_max": self.policy.version - 1 - min(versions),
                         "proxy/judged_turns": self.counts["judged"], "proxy/zero_turns": self.counts["zero"],
                         "proxy/untrainable_turns": self.counts["untrainable"],
