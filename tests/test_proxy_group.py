@@ -165,3 +165,20 @@ def test_side_turns_are_not_group_sampled(tmp_path):
         client(url).chat.completions.create(model="tiny", messages=QUERY, max_tokens=8,
                                             extra_headers={"X-Turn-Type": "side"})
     assert groups(tmp_path) == [] and proxy.turns["side"] == 1
+
+
+class _Broken:
+    """A ranker that fails (a stand-in for a broken extension)."""
+
+    async def rank(self, *args, **kw):
+        raise RuntimeError("no scores today")
+
+
+def test_a_ranker_that_fails_still_serves_the_first_candidate(tmp_path):
+    proxy = TrainingProxy(HFPolicy("tiny", max_new_tokens=8), tmp_path, model_name="tiny", max_tokens=8,
+                          group=GroupConfig(samples=2), ranker=_Broken())
+    with serving(proxy) as url:
+        answer = client(url).chat.completions.create(model="tiny", messages=QUERY, max_tokens=8, seed=4)
+    [g] = groups(tmp_path)
+    assert g["error"] == "the ranker failed: RuntimeError: no scores today" and g["chosen"] == 0
+    assert answer.choices[0].message.content == g["texts"][0]

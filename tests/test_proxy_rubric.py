@@ -23,6 +23,7 @@ from nextstate.train.proxy.group import ListwiseRanker
 from nextstate.train.proxy.rubric import (LLMPreferences, Rubric, RulePreferences, Version, load_versions,
                                           register_source, with_rubric)
 from nextstate.train.proxy.service import JUDGE_TEMPLATES
+from nextstate.viewer import RunIndex
 from test_proxy import client, wait_for   # tests/ is on the path (pytest's prepend import mode)
 
 
@@ -165,6 +166,10 @@ def test_resume_keeps_the_rubric_and_the_weights_and_reset_starts_over(tmp_path)
         wait_for(lambda: trainer.steps == 1 and not trainer.busy.is_set(), "a training step")
     trained = [p.detach().clone() for p in policy.model.parameters()]
     assert [v.version for v in load_versions(tmp_path / "rollouts.jsonl")] == [0, 1]
+    index = RunIndex(tmp_path)   # the viewer lists the versions and what caused them
+    index.refresh()
+    assert [(v["version"], (v["cause"] or {}).get("message")) for v in index.overview()["rubric"]] == \
+        [(0, None), (1, msgs[0]["content"])]
     base = ["--model", "tiny", "--output", str(tmp_path), "--rubric", "rules", "--judge", "none", "--resume"]
     again = build(parser().parse_args(base))
     try:

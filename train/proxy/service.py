@@ -5,6 +5,7 @@ credits the judged turns (their votes, their session's outcome) to the trainer."
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from nextstate.train.proxy.trainer import ProxyTrainer
 from nextstate.train.proxy.wire import BadRequest, ChatRequest, assistant_message
 from nextstate.train.sessions import Session, SessionTable, Turn
 
+log = logging.getLogger(__name__)
 FAMILY = "proxy"   # the family of the proxy's judge requests: no env family's
 JUDGE_TEMPLATES = {FAMILY: TEMPLATES / DEFAULT_TEMPLATE}   # so the LLM judge asks them the default prompt
 
@@ -82,7 +84,10 @@ class TrainingProxy:
     async def _observe(self, session: Session, step: int, messages: list[str]) -> None:
         """The user's new messages, in order, to the evolving rubric (``step``: the turn they precede)."""
         for text in messages:
-            await self.rubric.observe(text, {"session": session.id, "group_id": session.group_id, "step": step})
+            try:
+                await self.rubric.observe(text, {"session": session.id, "group_id": session.group_id, "step": step})
+            except Exception as e:   # a preference source that raises: logged, the rubric unchanged
+                log.warning("the rubric's preference source failed on a message: %s: %s", type(e).__name__, e)
 
     def grouped(self, req: ChatRequest, session: Session | None) -> bool:
         """Whether ``req`` is answered by group sampling: a main-line turn, with ``--samples`` > 1."""
@@ -110,7 +115,10 @@ class TrainingProxy:
         texts = [g.text for g in gens]
         version = self.rubric.current if self.rubric is not None else None
         t0 = time.monotonic()
-        ranking = await self.ranker.rank(req.messages, texts, req.tools, version.text if version else "")
+        try:
+            ranking = await self.ranker.rank(req.messages, texts, req.tools, version.text if version else "")
+        except Exception as e:   # a ranker that raises: the group is recorded without scores, the answer served
+            ranking = grouping.Ranking(None, f"the ranker failed: {type(e).__name__}: {e}")
         seconds = time.monotonic() - t0
         values, terms = grouping.rewards(self.group, ranking, req.messages, texts, req.tools)
         if chosen is None:
