@@ -68,6 +68,9 @@ def test_versions_their_causes_and_the_bound_on_change():
     assert rubric.versions[1].cause == {"session": "s", "group_id": "s", "step": 0, "message": said[0]}
     assert [c["step"] for c in rubric.versions[2].cause["messages"]] == [1, 3]
     assert [k for k, _ in log].count("rubric") == 3 and [k for k, _ in log].count("preference") == 3
+    for step in (4, 5):   # a preference said again makes no version (a history sent again repeats them all)
+        asyncio.run(rubric.observe("please be more detailed", {"session": "s", "step": step}))
+    assert rubric.current.version == 2 and rubric.pending == []
 
 
 def test_pin_records_preferences_and_changes_nothing_and_reset_starts_over():

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import nextstate.train.proxy as package
+from nextstate.train import checkpoint
 from nextstate.train.config import Config, ConfigError, config_from_dict, judge_overrides, merge, parse_overrides
 from nextstate.train.proxy.app import serve
-from nextstate.train.proxy.service import JUDGE_TEMPLATES, TrainingProxy
-from nextstate.train.proxy.trainer import ProxyTrainer
-from nextstate.train import checkpoint
 from nextstate.train.proxy.group import make_ranker
 from nextstate.train.proxy.rubric import Rubric, load_versions, make_source
+from nextstate.train.proxy.service import JUDGE_TEMPLATES, TrainingProxy
+from nextstate.train.proxy.trainer import ProxyTrainer
 from nextstate.train.wiring import judge_backend, make_hinter, make_judge
 
 MODES = ("rl", "opd", "combine")

@@ -67,11 +67,16 @@ def with_rubric(instruction: str, version: Version) -> str:
            f"{version.text}"
 
 
+def _key(preference: str) -> str:
+    """What two preferences are compared by: the text lower-cased, without end punctuation."""
+    return preference.strip().rstrip(".!").lower()
+
+
 def dedupe(preferences: list[str]) -> list[str]:
-    """``preferences`` without repeats (compared lower-cased, without end punctuation), in order."""
+    """``preferences`` without repeats (compared by :func:`_key`), in order."""
     seen, out = set(), []
     for p in preferences:
-        key = p.strip().rstrip(".!").lower()
+        key = _key(p)
         if key and key not in seen:
             seen.add(key)
             out.append(p.strip())
@@ -236,6 +241,9 @@ class Rubric:
                                        "message": message, "applied": why is None, "why": why,
                                        "rubric_version": self.current.version, **detail})
             if self.pinned:
+                return None
+            known = {_key(p) for p in self.current.preferences} | {_key(p) for p, _ in self.pending}
+            if _key(preference) in known:   # said again (or a history sent again): nothing new to merge
                 return None
             self.pending.append((preference, {**cause, "message": message}))
             if self.messages - self.last_change < self.every:

@@ -149,13 +149,13 @@ class ProxyTrainer:
                                                     if t.rubric_version is not None else {})})
         adv = [a for _, _, a, _, _ in chosen]
         rewards = [r for _, _, _, r, _ in chosen]
+        rubric = sorted({t.rubric_version for _, t, *_ in chosen if t.rubric_version is not None})
         metrics.update({"batch/samples": len(samples), "batch/response_tokens": sum(len(s.response_ids) for s in samples),
                         "reward/mean": sum(rewards) / len(rewards), "advantage/mean": sum(adv) / len(adv),
                         "advantage/std": float(np.std(adv)),
                         **({"opd/hinted_samples": sum(h is not None for *_, h in chosen)} if self.weight_opd else {}),
                         "group/samples": sum(t.candidate is not None for _, t, *_ in chosen),
-                        **({"rubric/versions": rubric} if (rubric := sorted({t.rubric_version for _, t, *_ in chosen
-                                                                             if t.rubric_version is not None})) else {}),
+                        **({"rubric/versions": rubric} if rubric else {}),
                         "proxy/version": self.policy.version, "proxy/staleness_max": self.policy.version - 1 - min(versions),
                         "proxy/judged_turns": self.counts["judged"], "proxy/zero_turns": self.counts["zero"],
                         "proxy/untrainable_turns": self.counts["untrainable"],
