@@ -94,7 +94,7 @@ class Policy(ABC):
         ``seed`` becomes ``seed + i`` for answer ``i``, so seeded answers differ)."""
         seed = sampling.pop("seed", None)
         return list(await asyncio.gather(*(self.generate(messages, tools, **sampling,
-                                                         seed=None if seed is None else seed + i)
+                                                         **({} if seed is None else {"seed": seed + i}))
                                            for i in range(n))))
 
     def generate_sync(self, messages: list[dict], tools: list[dict] | None = None,

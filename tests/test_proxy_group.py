@@ -3,6 +3,7 @@ parsing, and the real ``tiny`` model served over a real socket with the ``openai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from nextstate.agents.hf_policy import HFPolicy
 from nextstate.agents.openai_policy import OpenAIPolicy
+from nextstate.agents.policy import Generation, Policy
 from nextstate.agents.testing import ScriptedOpenAIServer
 from nextstate.train.config import Config, GroupConfig
 from nextstate.train.proxy import ProxyTrainer, TrainingProxy, serving
@@ -76,6 +78,30 @@ def test_rankers_are_a_registry_that_refuses_a_name_twice():
         grouping.register_ranker("rules")(grouping.RuleRanker)
     with pytest.raises(ValueError, match="unknown ranker"):
         grouping.make_ranker("oracle")
+
+
+class _SeedEcho(Policy):
+    """Answers with the seed it was asked with (a stand-in that shows what a policy receives)."""
+
+    async def generate(self, messages, tools=None, **sampling):
+        return Generation(text=str(sampling.get("seed")))
+
+
+def test_a_policy_without_batching_samples_a_group_one_request_each():
+    assert [g.text for g in asyncio.run(_SeedEcho().generate_group(QUERY, n=3, seed=5))] == ["5", "6", "7"]
+    assert [g.text for g in asyncio.run(_SeedEcho().generate_group(QUERY, n=2))] == ["None", "None"]
+
+
+def test_auto_ranks_with_the_judges_llm_else_by_rule():
+    from nextstate.train.config import config_from_dict, parse_overrides
+    from nextstate.train.proxy.__main__ import make_group_ranker
+    url = config_from_dict(parse_overrides(["group.samples=2", "judge.mode=url", "judge.url=http://127.0.0.1:9/v1"]))
+    ranker = make_group_ranker(url, policy=None)
+    assert isinstance(ranker, grouping.ListwiseRanker) and isinstance(ranker.backend, OpenAIPolicy)
+    assert ranker.backend.base_url == "http://127.0.0.1:9/v1"
+    rules = config_from_dict(parse_overrides(["group.samples=2", "judge.mode=rules"]))
+    assert isinstance(make_group_ranker(rules, policy=None), grouping.RuleRanker)
+    assert make_group_ranker(config_from_dict({}), policy=None) is None   # samples 1: no group sampling
 
 
 @pytest.mark.parametrize("flags, says", [
