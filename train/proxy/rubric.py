@@ -16,8 +16,8 @@ recorded in ``rollouts.jsonl`` (``"kind": "rubric"``, with the message that caus
 back from there on ``--resume``. The judges read the current version (the step judge in its
 task text, :func:`with_rubric`; the listwise ranker in its prompt), and their records carry
 ``rubric_version``. A change waits until ``every`` user messages have passed since the last
-one (preferences stated meanwhile are merged then); ``pinned`` records preferences and changes
-nothing; the operator's reset is a new version with none.
+one (preferences stated meanwhile wait, and are merged together as soon as it may); ``pinned``
+records preferences and changes nothing; the operator's reset is a new version with none.
 """
 
 from __future__ import annotations
@@ -228,33 +228,35 @@ class Rubric:
 
     async def observe(self, message: str, cause: dict[str, Any]) -> Version | None:
         """A new user message (``cause``: where it came from): a stated preference is recorded
-        (``"kind": "preference"``) and merged into a new version when the bound allows; the new
-        version, or None."""
+        (``"kind": "preference"``) and waits; waiting preferences are merged into a new version as
+        soon as the bound allows (this message or a later one); the new version, or None."""
         preference, detail = await self.source.detect(message)
         async with self._lock:
             self.messages += 1
-            if preference is None:
-                return None
-            why = "pinned by the operator" if self.pinned else None
-            self.record("preference", {"group_id": cause.get("group_id", "rubric"), "task_id": cause.get("session"),
-                                       "sample": 0, "step": cause.get("step"), "preference": preference,
-                                       "message": message, "applied": why is None, "why": why,
-                                       "rubric_version": self.current.version, **detail})
-            if self.pinned:
-                return None
-            known = {_key(p) for p in self.current.preferences} | {_key(p) for p, _ in self.pending}
-            if _key(preference) in known:   # said again (or a history sent again): nothing new to merge
-                return None
-            self.pending.append((preference, {**cause, "message": message}))
-            if self.messages - self.last_change < self.every:
+            if preference is not None:
+                self._preference(preference, message, cause, detail)
+            if not self.pending or self.messages - self.last_change < self.every:
                 return None
             new, causes = [p for p, _ in self.pending], [c for _, c in self.pending]
             self.pending = []
             t0 = time.monotonic()
-            text, prefs, detail = await self.source.merge(self.current, new)
+            text, prefs, merged = await self.source.merge(self.current, new)
             self.last_change = self.messages
             self._add(Version(self.current.version + 1, text, prefs, type(self.source).__name__,
-                              causes[-1] if len(causes) == 1 else {"messages": causes}, detail.get("error")))
+                              causes[-1] if len(causes) == 1 else {"messages": causes}, merged.get("error")))
             self.record("rubric_merge", {"group_id": "rubric", "task_id": "rubric", "sample": 0,
-                                         "version": self.current.version, "seconds": time.monotonic() - t0, **detail})
+                                         "version": self.current.version, "seconds": time.monotonic() - t0, **merged})
             return self.current
+
+    def _preference(self, preference: str, message: str, cause: dict[str, Any], detail: dict[str, Any]) -> None:
+        """(Lock held.) Record a detected preference; it waits for the next change unless the rubric
+        is pinned or already holds it (said again, or a history sent again)."""
+        known = {_key(p) for p in self.current.preferences} | {_key(p) for p, _ in self.pending}
+        why = "pinned by the operator" if self.pinned else (
+            "the rubric already holds it" if _key(preference) in known else None)
+        self.record("preference", {"group_id": cause.get("group_id", "rubric"), "task_id": cause.get("session"),
+                                   "sample": 0, "step": cause.get("step"), "preference": preference,
+                                   "message": message, "applied": why is None, "why": why,
+                                   "rubric_version": self.current.version, **detail})
+        if why is None:
+            self.pending.append((preference, {**cause, "message": message}))
