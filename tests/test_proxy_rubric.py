@@ -20,8 +20,8 @@ from nextstate.train.config import Config
 from nextstate.train.proxy import ProxyTrainer, TrainingProxy, serving
 from nextstate.train.proxy.__main__ import build, parser
 from nextstate.train.proxy.group import ListwiseRanker
-from nextstate.train.proxy.rubric import (LLMPreferences, Rubric, RulePreferences, Version, load_versions,
-                                          register_source, with_rubric)
+from nextstate.train.proxy.rubric import (DETECT_EXAMPLES, LLMPreferences, Rubric, RulePreferences, Version,
+                                          load_versions, register_source, with_rubric)
 from nextstate.train.proxy.service import JUDGE_TEMPLATES
 from nextstate.viewer import RunIndex
 from test_proxy import client, wait_for   # tests/ is on the path (pytest's prepend import mode)
@@ -94,7 +94,7 @@ def test_the_llm_source_detects_in_any_words_and_merges_into_one_rubric():
     earlier one; a merge answer without a [RUBRIC] block falls back to the rule merge."""
     def script(req: dict) -> str:
         prompt = req["messages"][-1]["content"]
-        if "Rewrite the criteria" in prompt:
+        if prompt.startswith("Current rubric:"):
             return "[RUBRIC]Detailed answers for elderly readers, with light humour.[/RUBRIC]"
         return "[PREFERENCE]Be livelier and more humorous.[/PREFERENCE]" if "too dry" in prompt else "NONE"
 
@@ -108,7 +108,9 @@ def test_the_llm_source_detects_in_any_words_and_merges_into_one_rubric():
         merge_prompt = llm.requests[-1]["messages"][-1]["content"]
     assert v.text == "Detailed answers for elderly readers, with light humour." and v.error is None
     assert v.preferences == ["Be detailed for elderly readers.", "Be livelier and more humorous."]
-    assert "Detailed, for elderly readers." in merge_prompt and "Be livelier and more humorous." in merge_prompt
+    assert merge_prompt == "Current rubric: Detailed, for elderly readers.\nNew preferences: Be livelier and more humorous."
+    assert llm.requests[0]["messages"][0]["content"].startswith("You read one message")   # few-shot: system, examples
+    assert len(llm.requests[0]["messages"]) == 2 + 2 * len(DETECT_EXAMPLES)
     with ScriptedOpenAIServer("no idea") as llm:
         text, prefs, detail = asyncio.run(LLMPreferences(OpenAIPolicy(llm.url)).merge(Version(0), ["Be brief."]))
     assert (text, prefs) == ("- Be brief.", ["Be brief."]) and "rule merge" in detail["error"]

@@ -109,63 +109,73 @@ class RulePreferences:
         return text, prefs, {}
 
 
-DETECT_PROMPT = ("A user is talking to an AI assistant. Does the user's message below state a preference "
-                 "about how the assistant should answer from now on (tone, style, format, length, audience), "
-                 "in any words? If it does, write that preference as one short instruction to the assistant "
-                 "between [PREFERENCE] and [/PREFERENCE]. If it does not (a task, a question, a tool result), "
-                 "write NONE.\n\n## The user's message\n{message}")
-MERGE_PROMPT = ("These are the criteria a judge uses to score an AI assistant's answers for one user:\n\n"
-                "{current}\n\nThe user has now also said: {new}\n\nRewrite the criteria as one consistent "
-                "rubric that takes the new preferences in with the earlier ones (merge and reconcile them; "
-                "do not just append lines; a newer preference wins where two conflict). Write only the "
-                "rubric, between [RUBRIC] and [/RUBRIC].")
+DETECT_SYSTEM = ("You read one message a user sent to an AI assistant and say whether it states a preference about "
+                 "how the assistant should answer from now on (tone, style, format, length, audience), in any words. "
+                 "Answer with the preference as one instruction between [PREFERENCE] and [/PREFERENCE], or with NONE.")
+DETECT_EXAMPLES = [("What is 12 times 7?", "NONE"),
+                   ("Please use simpler words.", "[PREFERENCE]Use simpler words.[/PREFERENCE]"),
+                   ("The output says: file not found.", "NONE"),
+                   ("Way too long, I stopped reading halfway.", "[PREFERENCE]Keep the answers short.[/PREFERENCE]")]
+MERGE_SYSTEM = ("You keep the rubric a judge uses to score an AI assistant's answers for one user. Given the current "
+                "rubric and the user's new preferences, write one consistent rubric that takes them in with the "
+                "earlier ones (merge and reconcile them, do not just append lines; a newer preference wins a "
+                "conflict), between [RUBRIC] and [/RUBRIC].")
+MERGE_EXAMPLES = [("Current rubric: Answers are formal.\nNew preferences: Use simpler words.",
+                   "[RUBRIC]Answers are formal in tone and use simple, everyday words.[/RUBRIC]")]
+
+
+def few_shot(system: str, examples: list[tuple[str, str]], ask: str) -> list[dict]:
+    """A chat of ``system``, the worked ``examples`` as earlier turns, then ``ask`` (small models
+    follow an answer format they have seen far better than one they are told)."""
+    turns = [m for q, a in examples for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+    return [{"role": "system", "content": system}, *turns, {"role": "user", "content": ask}]
 
 
 @register_source("llm")
 class LLMPreferences:
     """The judge's LLM as the preference source: one request decides whether a message states a
-    preference (and writes it), one rewrites the rubric around the new ones. A failed or
-    unparseable merge falls back to :func:`rule_merge`, and the version says so (``error``)."""
+    preference (and writes it), one rewrites the rubric around the new ones; each is a few-shot
+    chat (:data:`DETECT_EXAMPLES`, :data:`MERGE_EXAMPLES`). A failed or unparseable merge falls
+    back to :func:`rule_merge`, and the version says so (``error``)."""
 
     def __init__(self, backend: Any, temperature: float = 0.0, max_tokens: int = 256, timeout: float = 60.0,
                  message_chars: int = 2000, **_: Any):
         self.backend, self.temperature, self.max_tokens, self.timeout = backend, temperature, max_tokens, timeout
         self.message_chars = message_chars
 
-    async def _ask(self, prompt: str) -> str:
-        answers = await asyncio.wait_for(self.backend.complete([{"role": "user", "content": prompt}], n=1,
-                                                               temperature=self.temperature,
+    async def _ask(self, messages: list[dict]) -> str:
+        answers = await asyncio.wait_for(self.backend.complete(messages, n=1, temperature=self.temperature,
                                                                max_tokens=self.max_tokens), self.timeout)
         return answers[0] if answers else ""
 
     async def detect(self, message: str) -> tuple[str | None, dict[str, Any]]:
-        prompt = DETECT_PROMPT.format(message=clip(message, self.message_chars))
+        ask = clip(message, self.message_chars)
         try:
-            answer = await self._ask(prompt)
+            answer = await self._ask(few_shot(DETECT_SYSTEM, DETECT_EXAMPLES, ask))
         except asyncio.CancelledError:
             raise
         except Exception as e:   # no preference seen when the LLM cannot be asked
-            return None, {"prompt": prompt, "error": f"{type(e).__name__}: {e}"}
+            return None, {"prompt": ask, "error": f"{type(e).__name__}: {e}"}
         found = [p.strip() for p in _PREFERENCE.findall(answer) if p.strip()]
-        return (found[-1] if found else None), {"prompt": prompt, "raw": answer}
+        return (found[-1] if found else None), {"prompt": ask, "raw": answer}
 
     async def merge(self, current: Version, new: list[str]) -> tuple[str, list[str], dict[str, Any]]:
-        prompt = MERGE_PROMPT.format(current=current.text or "(none yet: answer well)", new=" ".join(new))
+        ask = f"Current rubric: {current.text or '(none)'}\nNew preferences: {' '.join(new)}"
         prefs = dedupe(current.preferences + new)
         try:
-            answer = await self._ask(prompt)
+            answer = await self._ask(few_shot(MERGE_SYSTEM, MERGE_EXAMPLES, ask))
         except asyncio.CancelledError:
             raise
         except Exception as e:
             text, _ = rule_merge(current, new)
-            return text, prefs, {"prompt": prompt, "error": f"the LLM merge failed ({type(e).__name__}: {e}); "
-                                                           "the rule merge took its place"}
+            return text, prefs, {"prompt": ask, "error": f"the LLM merge failed ({type(e).__name__}: {e}); "
+                                                        "the rule merge took its place"}
         found = [r.strip() for r in _RUBRIC.findall(answer) if r.strip()]
         if not found:
             text, _ = rule_merge(current, new)
-            return text, prefs, {"prompt": prompt, "raw": answer,
+            return text, prefs, {"prompt": ask, "raw": answer,
                                  "error": "the LLM wrote no [RUBRIC] block; the rule merge took its place"}
-        return found[-1], prefs, {"prompt": prompt, "raw": answer}
+        return found[-1], prefs, {"prompt": ask, "raw": answer}
 
 
 def make_source(name: str, backend: Any = None, **kw: Any) -> Any:
