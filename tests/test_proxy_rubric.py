@@ -73,15 +73,16 @@ def test_versions_their_causes_and_the_bound_on_change():
     assert rubric.versions[2].cause["step"] == 1 and rubric.versions[3].cause["step"] == 3
     prefs = [p for k, p in log if k == "preference"]
     assert [(p["step"], p["applied"], p["why"]) for p in prefs] == [
-        (0, True, None), (1, True, None), (3, True, None), (4, False, "the rubric already holds it"),
-        (5, False, "the rubric already holds it")]
+        (0, True, None), (1, True, None), (2, False, "no preference stated"), (3, True, None),
+        (4, False, "the rubric already holds it"), (5, False, "the rubric already holds it"),
+        (6, False, "no preference stated")]
 
 
 def test_pin_records_preferences_and_changes_nothing_and_reset_starts_over():
     rubric, log = _rubric(pinned=True)
     asyncio.run(rubric.observe("Please be more humorous.", {"session": "s", "step": 0}))
     assert rubric.current.version == 0
-    [(_, pref)] = [x for x in log if x[0] == "preference"]
+    [(_, pref)] = [x for x in log if x[0] == "preference"]   # one message, one check
     assert pref["applied"] is False and pref["why"] == "pinned by the operator"
     resumed = Rubric(RulePreferences(), versions=[Version(0), Version(1, "- Be funny.", ["Be funny."], "rules")],
                      reset=True)

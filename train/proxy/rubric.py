@@ -238,13 +238,12 @@ class Rubric:
 
     async def observe(self, message: str, cause: dict[str, Any]) -> Version | None:
         """A new user message (``cause``: where it came from): a stated preference is recorded
-        (``"kind": "preference"``) and waits; waiting preferences are merged into a new version as
+        (every message's check is a ``"kind": "preference"`` record) and waits; waiting preferences are merged into a new version as
         soon as the bound allows (this message or a later one); the new version, or None."""
         preference, detail = await self.source.detect(message)
         async with self._lock:
             self.messages += 1
-            if preference is not None:
-                self._preference(preference, message, cause, detail)
+            self._preference(preference, message, cause, detail)
             if not self.pending or self.messages - self.last_change < self.every:
                 return None
             new, causes = [p for p, _ in self.pending], [c for _, c in self.pending]
@@ -258,11 +257,14 @@ class Rubric:
                                          "version": self.current.version, "seconds": time.monotonic() - t0, **merged})
             return self.current
 
-    def _preference(self, preference: str, message: str, cause: dict[str, Any], detail: dict[str, Any]) -> None:
-        """(Lock held.) Record a detected preference; it waits for the next change unless the rubric
-        is pinned or already holds it (said again, or a history sent again)."""
+    def _preference(self, preference: str | None, message: str, cause: dict[str, Any],
+                    detail: dict[str, Any]) -> None:
+        """(Lock held.) Record what the source said of a message (``preference`` None: none seen,
+        or the source failed: ``detail`` says which); a preference waits for the next change unless
+        the rubric is pinned or already holds it (said again, or a history sent again)."""
         known = {_key(p) for p in self.current.preferences} | {_key(p) for p, _ in self.pending}
-        why = "pinned by the operator" if self.pinned else (
+        why = ("no preference stated" if detail.get("error") is None else "the source failed") \
+            if preference is None else "pinned by the operator" if self.pinned else (
             "the rubric already holds it" if _key(preference) in known else None)
         self.record("preference", {"group_id": cause.get("group_id", "rubric"), "task_id": cause.get("session"),
                                    "sample": 0, "step": cause.get("step"), "preference": preference,
