@@ -271,6 +271,12 @@ class HFPolicy(Policy):
                        **sampling: Any) -> Generation:
         return (await self._run(messages, tools, 1, sampling))[0]
 
+    async def generate_group(self, messages: list[dict], tools: list[dict] | None = None, n: int = 1,
+                             **sampling: Any) -> list[Generation]:
+        """``n`` answers sampled as one request of ``n`` rows, in one batch (row ``i`` of a seeded
+        request draws from its own generator, so the answers differ and are reproducible)."""
+        return await self._run(messages, tools, n, sampling)
+
     async def stream(self, messages: list[dict], tools: list[dict] | None = None,
                      **sampling: Any) -> AsyncIterator[tuple[str, int] | Generation]:
         """One answer as it is sampled: ``(text piece, weights version)`` pairs, then the

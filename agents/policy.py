@@ -88,6 +88,15 @@ class Policy(ABC):
                                                     max_tokens=max_tokens) for _ in range(n)))
         return [g.text for g in gens]
 
+    async def generate_group(self, messages: list[dict], tools: list[dict] | None = None, n: int = 1,
+                             **sampling: Any) -> list[Generation]:
+        """``n`` answers to the same messages (one request each unless a backend batches them; a
+        ``seed`` becomes ``seed + i`` for answer ``i``, so seeded answers differ)."""
+        seed = sampling.pop("seed", None)
+        return list(await asyncio.gather(*(self.generate(messages, tools, **sampling,
+                                                         **({} if seed is None else {"seed": seed + i}))
+                                           for i in range(n))))
+
     def generate_sync(self, messages: list[dict], tools: list[dict] | None = None,
                       **sampling: Any) -> Generation:
         """:meth:`generate` for code without an event loop."""

@@ -17,6 +17,11 @@ each turn), against the same ``tiny`` model five ways:
   its session's next request arrives, so the same PPO steps and swaps run at the same points),
   without the proxy's sessions, recording and judge.
 
+``--samples 1,4,8`` measures group sampling instead (:func:`group_run`): the proxy, training
+off, with ``N`` candidates per main-line request, ranked by rule, by the listwise judge on the
+served model choosing the best, or by that judge with a random choice; ``added_p50`` is then over
+``N = 1``.
+
 Per mode and ``C``: requests/s, latency p50/p99 (ms), ``cpu_ms`` (the process's CPU time per
 request, every thread: client, server, model, judges and learner; mostly torch's threads, which
 spin while they wait, so it is too coarse for the proxy's own bookkeeping), and the generation
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
 import uuid
@@ -86,6 +92,25 @@ async def sessions(concurrency: int, turns: int, ask: Ask) -> tuple[list[tuple[f
     t0 = time.monotonic()
     await asyncio.gather(*(one(k) for k in range(concurrency)))
     return spans, time.monotonic() - t0
+
+
+def sessions_through(url: str, concurrency: int, turns: int, sampling: dict[str, Any]) -> tuple[list, float]:
+    """:func:`sessions` sent to the OpenAI-compatible server at ``url`` with the ``openai`` SDK."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+
+    async def ask(k: int, t: int, messages: list[dict]) -> str:
+        r = await client.chat.completions.create(model="tiny", messages=messages, seed=seed(k, t), **sampling)
+        return r.choices[0].message.content or ""
+
+    async def go() -> tuple[list, float]:
+        try:
+            return await sessions(concurrency, turns, ask)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
 
 
 def plain_app(policy: Any, max_tokens: int, trainer: ProxyTrainer | None = None, turns: int = 0) -> Any:
@@ -171,8 +196,6 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
     """Bare, plain HTTP (without and with the learner), proxy and proxy with training, side by
     side: for each level, each mode in turn, ``repeat`` rounds (the machine's load drifts; the
     rounds are pooled)."""
-    import openai
-
     from nextstate.agents.hf_policy import HFPolicy
 
     sampling = {"max_tokens": max_tokens, "temperature": 1.0}
@@ -183,19 +206,7 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
         return (await bare_policy.generate(messages, seed=seed(k, t), **sampling)).text
 
     def through(url: str, c: int) -> tuple[list, float]:
-        client = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
-
-        async def ask(k: int, t: int, messages: list[dict]) -> str:
-            r = await client.chat.completions.create(model="tiny", messages=messages, seed=seed(k, t), **sampling)
-            return r.choices[0].message.content or ""
-
-        async def go() -> tuple[list, float]:
-            try:
-                return await sessions(c, turns, ask)
-            finally:
-                await client.close()
-
-        return asyncio.run(go())
+        return sessions_through(url, c, turns, sampling)
 
     def settle() -> None:
         """Wait until the training proxy's judges and both learners' steps are done, so that
@@ -265,6 +276,58 @@ def run(levels: list[int], turns: int, max_tokens: int, batch: int, repeat: int,
     return out
 
 
+GROUP_MODES = {"rules_best": ("rules", "best"), "listwise_best": ("listwise", "best"),
+               "listwise_random": ("listwise", "random")}
+
+
+def group_run(levels: list[int], samples: list[int], turns: int, max_tokens: int, repeat: int) -> dict[str, Any]:
+    """What ``--samples N`` costs: the proxy (training off) answering each main-line request with
+    ``N`` candidates sampled in one batch, ranked three ways (``GROUP_MODES``): the rule ranker,
+    the listwise judge on the served model itself (``--judge policy``, answering ``max_tokens``
+    tokens) choosing the best, and the same judge with ``random`` choice (the ranking runs after
+    the answer). ``N = 1`` is the proxy without group sampling (one mode). For each level the
+    configurations alternate, ``repeat`` rounds; ``added_p50``/``added_p99``: over ``N = 1``."""
+    from nextstate.agents.hf_policy import HFPolicy
+    from nextstate.train.config import GroupConfig
+    from nextstate.train.proxy.group import make_ranker
+
+    sampling = {"max_tokens": max_tokens, "temperature": 1.0}
+    configs: dict[str, TrainingProxy] = {}
+    dirs = []
+    for n in samples:
+        for mode, (ranker, choose) in (GROUP_MODES.items() if n > 1 else [("none", (None, None))]):
+            dirs.append(tempfile.TemporaryDirectory())
+            policy = HFPolicy("tiny", max_new_tokens=max_tokens)
+            group = GroupConfig(samples=n, ranker=ranker or "rules", choose=choose or "best")
+            rank = make_ranker(ranker, policy, max_tokens=max_tokens) if ranker else None
+            configs[f"{n}/{mode}"] = TrainingProxy(policy, Path(dirs[-1].name), judge=RuleJudge(), model_name="tiny",
+                                                   max_tokens=max_tokens, group=group, ranker=rank)
+    out: dict[str, Any] = {"model": "tiny", "turns": turns, "max_tokens": max_tokens, "repeat": repeat,
+                           "samples": samples, **{name: {} for name in configs}}
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(serving(proxy)) for name, proxy in configs.items()}
+        for url in urls.values():
+            sessions_through(url, 1, 1, sampling)   # warm-up, not timed
+        for c in levels:
+            got: dict[str, list] = {name: [] for name in configs}
+            walls = dict.fromkeys(configs, 0.0)
+            before = {name: proxy.policy.batcher.batches for name, proxy in configs.items()}
+            for _ in range(repeat):
+                for name, url in urls.items():
+                    spans, wall = sessions_through(url, c, turns, sampling)
+                    while configs[name].pending:   # a random choice's rankings finish before the next config
+                        time.sleep(0.01)
+                    got[name] += spans
+                    walls[name] += wall
+            base = figures(got["1/none"], walls["1/none"]) if "1/none" in got else None
+            for name, proxy in configs.items():
+                fig = figures(got[name], walls[name], {"": base} if base and not name.startswith("1/") else None)
+                out[name][str(c)] = {**fig, "batches": proxy.policy.batcher.batches - before[name]}
+    for d in dirs:
+        d.cleanup()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", default="1,8,32", help="concurrency levels, comma-separated")
@@ -273,9 +336,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="judged turns per training step (training on)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds per level (modes alternate)")
     ap.add_argument("--learner-nice", type=int, default=10, help="the learner thread's priority below serving")
+    ap.add_argument("--samples", default=None,
+                    help="group sizes N, comma-separated (e.g. 1,4,8): measure --samples N instead (training off)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     levels = [int(x) for x in args.sessions.split(",")]
+    if args.samples:
+        samples = [int(x) for x in args.samples.split(",")]
+        if min(samples) < 1:
+            ap.error("--samples sizes must be at least 1")
+        report(group_run(levels, samples, args.turns, args.max_tokens, args.repeat), args.json)
+        return
     report(run(levels, args.turns, args.max_tokens, args.batch, args.repeat, args.learner_nice), args.json)
 
 

@@ -28,6 +28,7 @@ from nextstate.train.proxy import ProxyTrainer, TrainingProxy, serving, split_to
 from nextstate.train.sessions import Session, SessionTable, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))   # the caller's path kept
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
 
@@ -405,7 +406,7 @@ def test_opd_and_combine_through_the_proxy(tmp_path, mode):
     assert hints == {0: "cat: /app/x: No such file or directory", 1: None}
     teacher = policy.prompt_ids(HINTED_PROMPT)
     if mode == "opd":
-        assert trainer.steps == 1 and trainer.counts == {"judged": 3, "zero": 2, "untrainable": 0, "hinted": 1}
+        assert trainer.steps == 1 and trainer.counts == {"judged": 3, "zero": 2, "untrainable": 0, "hinted": 1, "grouped": 0}
         row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
         assert row["opd/scored_samples"] == 1 and row["opd/hinted_samples"] == 1 and row["batch/samples"] == 1
         assert math.isfinite(row["opd/teacher_gap_mean"])
@@ -420,7 +421,7 @@ def test_opd_and_combine_through_the_proxy(tmp_path, mode):
 # -- the command line ---------------------------------------------------------------------------------
 def _cli(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "train.proxy", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": PYTHONPATH},
                             **kw)
 
 
@@ -538,7 +539,7 @@ def test_proxy_agent_plays_reports_outcomes_and_trains(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench.proxy_agent", "--output", str(tmp_path), "--model", "tiny",
                            "--episodes", "4", "--eval-every", "4", "--heldout", "2", "--parallel", "2", "--batch", "2",
                            "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [e["train_episodes"] for e in result["evals"]] == [0, 4] and result["proxy_turns"]["side"] >= 4

@@ -12,6 +12,7 @@ dataclasses, so a typo is an error, not a silently ignored setting.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -102,6 +103,24 @@ class OPDConfig:
 
 
 @dataclass
+class GroupConfig:
+    """The training proxy's group sampling (``python -m train.proxy --samples N``): ``samples``
+    candidates per main-line request, ranked together (``ranker``: ``listwise``, the LLM judge
+    reading the query and all candidates; ``rules``, a rule baseline; ``auto``: listwise when the
+    judge is an LLM), one returned (``choose``: ``best`` or ``random``), all trained with a
+    group-normalized advantage of ``reward``: ``rank`` (the ranker's score) or ``quality_gate``
+    (``gate * (weight_feedback * score + weight_relevance * relevance + weight_diversity *
+    diversity)``, :mod:`train.proxy.group`)."""
+    samples: int = 1                  # 1: no group sampling
+    ranker: str = "auto"              # auto | listwise | rules
+    choose: str = "best"              # best | random
+    reward: str = "rank"              # rank | quality_gate
+    weight_feedback: float = 0.6
+    weight_relevance: float = 0.3
+    weight_diversity: float = 0.1
+
+
+@dataclass
 class TrainConfig:
     """Optimizer and loss (veRL's vanilla PPO loss, low_var_kl KL loss)."""
     lr: float = 1e-6                  # constant learning rate, AdamW
@@ -182,6 +201,7 @@ class Config:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     opd: OPDConfig = field(default_factory=OPDConfig)
+    group: GroupConfig = field(default_factory=GroupConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -376,6 +396,20 @@ def _size_ok(size: str | None) -> bool:
         return False
 
 
+def _group_checks(g: GroupConfig) -> list[tuple[bool, str]]:
+    """The checks of the proxy's group sampling settings (``group.*``)."""
+    weights = {"feedback": g.weight_feedback, "relevance": g.weight_relevance, "diversity": g.weight_diversity}
+    checks = [(g.samples >= 1, f"group.samples must be at least 1, got {g.samples}"),
+              (g.ranker in ("auto", "listwise", "rules"), f"group.ranker must be auto, listwise or rules, got {g.ranker!r}"),
+              (g.choose in ("best", "random"), f"group.choose must be best or random, got {g.choose!r}"),
+              (g.reward in ("rank", "quality_gate"), f"group.reward must be rank or quality_gate, got {g.reward!r}")]
+    checks += [(math.isfinite(w) and w >= 0, f"group.weight_{name} must be a finite number >= 0, got {w!r}")
+               for name, w in weights.items()]
+    checks.append((g.reward != "quality_gate" or sum(weights.values()) > 0,
+                   "the group.weight_* sum to 0: group.reward=quality_gate would reward nothing"))
+    return checks
+
+
 def validate(cfg: Config) -> None:
     """Range checks that need no machine state."""
     checks = [
@@ -410,7 +444,7 @@ def validate(cfg: Config) -> None:
         (cfg.opd.hint_source in ("judge", "rules"), f"opd.hint_source must be judge or rules, got {cfg.opd.hint_source!r}"),
         (cfg.opd.teacher in ("reference", "policy"), f"opd.teacher must be reference or policy, got {cfg.opd.teacher!r}"),
     ]
-    for ok, message in checks:
+    for ok, message in checks + _group_checks(cfg.group):
         if not ok:
             raise ConfigError(message)
     problem = _agents_problem(cfg)

@@ -73,6 +73,8 @@ class Turn:
     rewritten: bool = False            # sent back changed: not trained on
     dropped: bool = False              # not sent back; the new messages answer it (trained on)
     hint: str | None = None            # the hint source's hint from its next state (OPD)
+    candidate: int | None = None       # which of a group's candidates (--samples) it trains as; None: not so
+    rubric_version: int | None = None  # the version of the evolving rubric (--rubric) that judged it
     started: float = field(default_factory=time.time)
     keys: tuple[tuple, ...] = ()       # message_keys(messages), computed once (given, or here)
     reply_key: tuple = field(init=False)

@@ -167,6 +167,15 @@ def make_envs(cfg: Config, pool_size: int | None = None,
     return pool, factory, tasks
 
 
+def judge_backend(cfg: Config, policy: Any) -> Any:
+    """The LLM an LLM judge asks: judge.url's server when judge.mode is ``url``, else ``policy``."""
+    j = cfg.judge
+    if j.mode == "url":
+        from nextstate.agents.openai_policy import OpenAIPolicy
+        return OpenAIPolicy(j.url, model=j.model)
+    return policy
+
+
 def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
     """The step judge the config asks for: on ``policy`` (mode ``policy``), on the URL's
     server (mode ``url``), by rule (mode ``rules``), or None (mode ``none``). ``templates``: the
@@ -177,11 +186,7 @@ def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = N
     if j.mode == "rules":
         from nextstate.judges.rules import RuleJudge
         return RuleJudge(m=j.votes)
-    backend = policy
-    if j.mode == "url":
-        from nextstate.agents.openai_policy import OpenAIPolicy
-        backend = OpenAIPolicy(j.url, model=j.model)
-    return StepJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
+    return StepJudge(judge_backend(cfg, policy), m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
                      templates=templates)
 
 
@@ -196,8 +201,4 @@ def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = 
         return RuleHints()
     from nextstate.judges.hints import HintJudge
     j = cfg.judge
-    backend = policy
-    if j.mode == "url":
-        from nextstate.agents.openai_policy import OpenAIPolicy
-        backend = OpenAIPolicy(j.url, model=j.model)
-    return HintJudge(backend, m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)
+    return HintJudge(judge_backend(cfg, policy), m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)

@@ -116,6 +116,7 @@ class RunIndex:
         self.config: Any = None
         self.report: Any = None
         self.results: list[dict] = []
+        self.rubric: list[dict] = []    # the training proxy's rubric versions (--rubric), oldest first
         self.version = ""
         self._from_results = False      # episodes made from results.jsonl (no rollouts.jsonl)
 
@@ -197,6 +198,9 @@ class RunIndex:
         rec = _head(data, begin, end, m.group(1) if m else None)
         spot = (name, base + begin, end - begin)
         if not isinstance(rec, dict) or "group_id" not in rec:
+            return
+        if rec.get("kind") == "rubric":
+            self.rubric.append({k: rec.get(k) for k in ("version", "text", "preferences", "by", "cause", "error")})
             return
         key = (rec["group_id"], int(rec.get("sample", 0)))
         ep = self._by_key.get(key)
@@ -309,7 +313,7 @@ class RunIndex:
                 "evaluate" if self.results or self.report else "rollouts")
             return {"run": str(self.run), "name": self.run.resolve().name, "kind": kind,
                     "version": self.version, "curves": CURVES, "config": self.config, "report": self.report,
-                    "metrics": self.metrics, "bad_lines": self.bad_lines,
+                    "metrics": self.metrics, "bad_lines": self.bad_lines, "rubric": self.rubric,
                     "episodes": [e.summary(self.advantages) for e in self.episodes
                                  if e.status != "superseded"]}
 

@@ -46,6 +46,11 @@ One module an idea:
   assistant messages, finish reasons, usage, answer bodies and server-sent events;
 * :mod:`~train.proxy.trainer` -- :class:`ProxyTrainer`, PPO steps in a background thread;
 * :mod:`~train.proxy.service` -- :class:`TrainingProxy`: sessions, judging, credit;
+* :mod:`~train.proxy.group` -- group sampling (``--samples N``): rankers, the quality-gate
+  reward, the choice, group-normalized advantages;
+* :mod:`~train.proxy.rubric` -- the evolving judge rubric (``--rubric``): preference sources,
+  versions, the bound on change, pin and reset;
+* :mod:`~train.proxy.registry` -- the name tables of rankers and preference sources;
 * :mod:`~train.proxy.app` -- the FastAPI app, the bearer key, streamed answers, uvicorn
   (:func:`serving`, :func:`serve`);
 * ``__main__`` -- the command line (its config, judge and hint source).

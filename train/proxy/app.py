@@ -9,7 +9,7 @@ import math
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Awaitable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -124,7 +124,7 @@ async def _whole(proxy: TrainingProxy, req: ChatRequest, session: Session | None
                  created: int) -> JSONResponse:
     """The answer in one body; a generation that fails is the session's aborted turn."""
     try:
-        gen = await proxy.policy.generate(req.messages, req.tools, **req.sampling)
+        gen = await proxy.answer(req, session)
     except ValueError as e:   # bad sampling values, a template that cannot render the messages
         proxy.abort_turn(req, session, "the request could not be served")
         return error(_one_line(e))
@@ -141,8 +141,10 @@ async def _whole(proxy: TrainingProxy, req: ChatRequest, session: Session | None
 
 async def _streamed(proxy: TrainingProxy, req: ChatRequest, session: Session | None, cid: str,
                     created: int) -> Any:
-    """The answer as server-sent events (:func:`_events`), once its first piece is sampled."""
-    pieces = proxy.policy.stream(req.messages, req.tools, **req.sampling)
+    """The answer as server-sent events (:func:`_events`), once its first piece is sampled (a
+    group-sampled answer: once it is chosen, in one piece)."""
+    pieces = (_in_one_piece(proxy.answer(req, session)) if proxy.grouped(req, session)
+              else proxy.policy.stream(req.messages, req.tools, **req.sampling))
     try:
         first = await anext(pieces)
     except ValueError as e:
@@ -155,6 +157,13 @@ async def _streamed(proxy: TrainingProxy, req: ChatRequest, session: Session | N
     version = first[1] if isinstance(first, tuple) else first.policy_version
     return _Stream(_events(proxy, req, session, pieces, first, cid, created, version),
                    media_type="text/event-stream", headers={**_headers(session, version), "Cache-Control": "no-cache"})
+
+
+async def _in_one_piece(answer: Awaitable[Generation]) -> AsyncIterator[tuple[str, int] | Generation]:
+    """A whole answer in the shape of :meth:`HFPolicy.stream`: its text as one piece, then itself."""
+    gen = await answer
+    yield gen.text, gen.policy_version
+    yield gen
 
 
 # -- the bearer key and streamed answers ------------------------------------------------------

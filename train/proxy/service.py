@@ -5,6 +5,8 @@ credits the judged turns (their votes, their session's outcome) to the trainer."
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +16,14 @@ from nextstate.agents.recorder import Recorder
 from nextstate.judges.hints import teacher_messages
 from nextstate.judges.prm import DEFAULT_TEMPLATE, TEMPLATES, JudgeRequest, JudgeResult
 from nextstate.judges.rules import text_state
+from nextstate.train.config import GroupConfig
+from nextstate.train.proxy import group as grouping
+from nextstate.train.proxy.rubric import Rubric, with_rubric
 from nextstate.train.proxy.trainer import ProxyTrainer
-from nextstate.train.proxy.wire import BadRequest, ChatRequest
+from nextstate.train.proxy.wire import BadRequest, ChatRequest, assistant_message
 from nextstate.train.sessions import Session, SessionTable, Turn
 
+log = logging.getLogger(__name__)
 FAMILY = "proxy"   # the family of the proxy's judge requests: no env family's
 JUDGE_TEMPLATES = {FAMILY: TEMPLATES / DEFAULT_TEMPLATE}   # so the LLM judge asks them the default prompt
 
@@ -33,12 +39,22 @@ class TrainingProxy:
 
     def __init__(self, policy: Any, output: Path, *, judge: Any = None, trainer: ProxyTrainer | None = None,
                  hinter: Any = None, wait_outcome: bool = False, model_name: str = "policy",
-                 max_tokens: int = 2048, max_body_bytes: int = 4 << 20, api_key: str | None = None):
+                 max_tokens: int = 2048, max_body_bytes: int = 4 << 20, api_key: str | None = None,
+                 group: GroupConfig | None = None, ranker: Any = None, seed: int = 0,
+                 rubric: Rubric | None = None):
         self.policy, self.output, self.judge, self.trainer = policy, output, judge, trainer
+        self.group = group if group is not None and group.samples > 1 else None
+        self.ranker = ranker if self.group is not None else None
+        if self.group is not None and ranker is None:
+            raise ValueError("group sampling needs a ranker")
+        self.rng = random.Random(seed)
         self.hinter, self.wait_outcome = hinter, wait_outcome
         self.model_name, self.max_tokens, self.max_body_bytes, self.api_key = model_name, max_tokens, max_body_bytes, api_key
         self.sessions = SessionTable()
         self.recorder = Recorder(output / "rollouts.jsonl")
+        self.rubric = rubric
+        if rubric is not None:
+            rubric.start(self.recorder.record)
         self.pending: set[asyncio.Task] = set()
         self.turns = {"main": 0, "side": 0}
         self.lock = asyncio.Lock()   # session bookkeeping is short; it keeps claim/add atomic
@@ -52,7 +68,78 @@ class TrainingProxy:
             session, prev = self.sessions.claim(req.messages, req.session_id, req.keys)
         if prev is not None:
             self._judge(session, prev)
+        if self.rubric is not None:
+            said = prev.next_messages if prev is not None else (req.messages if session.turns == 0 else [])
+            users = [content_text(m.get("content")) for m in said or [] if m.get("role") == "user"]
+            if users:
+                self._background(self._observe(session, session.turns, users))
         return session
+
+    def _background(self, coro: Any) -> None:
+        """Run ``coro`` in the background; :meth:`close` waits for it."""
+        task = asyncio.ensure_future(coro)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _observe(self, session: Session, step: int, messages: list[str]) -> None:
+        """The user's new messages, in order, to the evolving rubric (``step``: the turn they precede)."""
+        for text in messages:
+            try:
+                await self.rubric.observe(text, {"session": session.id, "group_id": session.group_id, "step": step})
+            except Exception as e:   # a preference source that raises: logged, the rubric unchanged
+                log.warning("the rubric's preference source failed on a message: %s: %s", type(e).__name__, e)
+
+    def grouped(self, req: ChatRequest, session: Session | None) -> bool:
+        """Whether ``req`` is answered by group sampling: a main-line turn, with ``--samples`` > 1."""
+        return self.group is not None and req.turn_type == "main" and session is not None
+
+    async def answer(self, req: ChatRequest, session: Session | None) -> Generation:
+        """The answer to ``req``: one generation, or with group sampling the candidate
+        :func:`~train.proxy.group.pick` returns of ``samples`` sampled in one batch (``best``: after
+        the ranker; ``random``: at once, the ranking and the group's training in the background)."""
+        if not self.grouped(req, session):
+            return await self.policy.generate(req.messages, req.tools, **req.sampling)
+        g = self.group
+        gens = await self.policy.generate_group(req.messages, req.tools, g.samples, **req.sampling)
+        index = session.turns
+        if g.choose == "random":
+            chosen = grouping.pick("random", None, len(gens), self.rng)
+            self._background(self._rank_group(req, session, index, gens, chosen))
+            return gens[chosen]
+        return gens[await self._rank_group(req, session, index, gens)]
+
+    async def _rank_group(self, req: ChatRequest, session: Session, index: int, gens: list[Generation],
+                          chosen: int | None = None) -> int:
+        """Rank a group, choose (unless ``chosen`` was), record it (``"kind": "group"``) and offer
+        its candidates to the trainer with their group-normalized advantages; the choice."""
+        texts = [g.text for g in gens]
+        version = self.rubric.current if self.rubric is not None else None
+        t0 = time.monotonic()
+        try:
+            ranking = await self.ranker.rank(req.messages, texts, req.tools, version.text if version else "")
+        except Exception as e:   # a ranker that raises: the group is recorded without scores, the answer served
+            ranking = grouping.Ranking(None, f"the ranker failed: {type(e).__name__}: {e}")
+        seconds = time.monotonic() - t0
+        values, terms = grouping.rewards(self.group, ranking, req.messages, texts, req.tools)
+        if chosen is None:
+            chosen = grouping.pick(self.group.choose, values, len(gens), self.rng)
+        adv, signal = grouping.advantages(values, self.trainer.eps if self.trainer else 1e-6) if values else (None, False)
+        self.recorder.record("group", {
+            "group_id": session.group_id, "task_id": session.id, "sample": 0, "step": index,
+            "ranker": type(self.ranker).__name__, "reward_kind": self.group.reward, "choose": self.group.choose,
+            "chosen": chosen, "texts": texts, "scores": ranking.scores, "terms": terms, "rewards": values,
+            "advantages": adv, "error": ranking.error, "prompt": ranking.prompt, "raw": ranking.raw,
+            "seconds": seconds, "policy_version": gens[0].policy_version,
+            **({"rubric_version": version.version} if version else {})})
+        if self.trainer is not None and values is not None and signal:
+            temperature = float(req.sampling.get("temperature") or 0.0)
+            members = []
+            for i, (gen, r, a) in enumerate(zip(gens, values, adv)):
+                turn = Turn(index, req.messages, gen, assistant_message(gen.text, req.tools), temperature,
+                            req.tools, keys=req.keys, candidate=i, rubric_version=version and version.version)
+                members.append((turn, r, a, self._why_not(turn)))
+            self.trainer.offer_group(session, members)
+        return chosen
 
     async def record_turn(self, req: ChatRequest, gen: Generation, reply: dict,
                           session: Session | None = None) -> Session | None:
@@ -110,10 +197,12 @@ class TrainingProxy:
         session.history.append({"action": turn.generation.text, "next_state": {"output": state["output"][:600]}})
         if (self.judge is None and self.hinter is None) or not turn.next_messages:
             return
-        req = JudgeRequest(FAMILY, session.instruction, history, turn.generation.text, state)
-        task = asyncio.ensure_future(self._vote(session, turn, req))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
+        instruction = session.instruction
+        if self.rubric is not None:
+            turn.rubric_version = self.rubric.current.version
+            instruction = with_rubric(instruction, self.rubric.current)
+        req = JudgeRequest(FAMILY, instruction, history, turn.generation.text, state)
+        self._background(self._vote(session, turn, req))
 
     async def _ask(self, source: Any, kind: str, session: Session, turn: Turn, req: JudgeRequest) -> JudgeResult | None:
         """``source``'s answer about ``turn`` (a judge's votes, a hint source's hint), recorded."""
@@ -122,7 +211,9 @@ class TrainingProxy:
         t0 = time.monotonic()
         result = await source.judge(req)
         self.recorder.record(kind, {"group_id": session.group_id, "task_id": session.id, "sample": 0,
-                                    "step": turn.index, "seconds": time.monotonic() - t0, **result.to_dict()})
+                                    "step": turn.index, "seconds": time.monotonic() - t0, **result.to_dict(),
+                                    **({"rubric_version": turn.rubric_version} if turn.rubric_version is not None
+                                       else {})})
         return result
 
     async def _vote(self, session: Session, turn: Turn, req: JudgeRequest) -> None:
@@ -207,6 +298,7 @@ class TrainingProxy:
         """What ``GET /health`` reports: the weights' version, training, sessions and turns so far."""
         t = self.trainer
         return {"version": self.policy.version, "trained_steps": t.steps if t else 0,
+                **({"rubric_version": self.rubric.current.version} if self.rubric is not None else {}),
                 "ready_turns": len(t.ready) if t else 0, "training": bool(t and t.busy.is_set()),
                 "sessions": len(self.sessions.sessions), "open_sessions": len(self.sessions.open()),
                 "turns": dict(self.turns), "judging": len(self.pending), **(t.counts if t else {})}

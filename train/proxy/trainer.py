@@ -34,21 +34,28 @@ class ProxyTrainer:
     learner thread (and the torch threads it starts) runs ``nice`` steps below the server, so a
     step that shares the CPU with generation takes the cycles generation leaves (0: same priority)."""
 
-    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10):
+    def __init__(self, policy: Any, cfg: Config, output: Path, batch: int, save_every: int, nice: int = 10,
+                 resume: Path | None = None):
         from nextstate.train.learner import Learner
         from nextstate.train.metrics import MetricsLog
 
         self.policy, self.cfg, self.output, self.batch, self.save_every = policy, cfg, output, batch, save_every
         self.nice = nice
         self.learner = Learner(policy, cfg)
+        self.steps = 0
+        if resume is not None:   # checkpoint ``resume``: its weights are the policy's; here the rest
+            meta, state = checkpoint.load(resume)
+            self.learner.load_state_dict(state)
+            self.steps = int(meta["step"])
+            policy.version = int(meta.get("version", self.steps))
         self.temperature = self.learner.temperature
+        self.eps = cfg.advantage.eps
         self.w_rl = rl_weight(cfg.opd)
         self.weight_opd = cfg.opd.weight_opd if cfg.opd.mode != "rl" else 0.0
-        self.metrics = MetricsLog(output)
+        self.metrics = MetricsLog(output, resume_step=self.steps if resume is not None else None)
         self.advantages = Recorder(output / "advantages.jsonl")
         self.ready: list[tuple[Session, Turn, float, float, list[int] | None]] = []
-        self.steps = 0
-        self.saved = 0
+        self.saved = self.steps
         self.busy = threading.Event()
         self.closing = False
         # ready and busy: offered on the event loop, taken on the learner thread; reentrant, as a step
@@ -56,7 +63,7 @@ class ProxyTrainer:
         self._lock = threading.RLock()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proxy-learner",
                                            initializer=self._lower_priority)
-        self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0}
+        self.counts = {"judged": 0, "zero": 0, "untrainable": 0, "hinted": 0, "grouped": 0}
         self.swaps: list[tuple[float, float]] = []   # (start, end) of each weight swap, time.monotonic()
         self.updates: list[tuple[float, float]] = []   # (start, end) of each PPO step before its swap
 
@@ -83,6 +90,21 @@ class ProxyTrainer:
         self.counts["hinted"] += teacher is not None
         with self._lock:
             self.ready.append((session, turn, advantage, reward, teacher))
+            if not self.busy.is_set():
+                self._next_step()
+
+    def offer_group(self, session: Session, members: list[tuple[Turn, float, float, str | None]]) -> None:
+        """A group's candidates (``--samples``) as ``(turn, reward, group-normalized advantage, why
+        not trainable)``: each trains with ``w_rl`` times its advantage (0: dropped)."""
+        with self._lock:
+            for turn, reward, advantage, why_not in members:
+                self.counts["grouped"] += 1
+                if why_not is not None:
+                    self.counts["untrainable"] += 1
+                elif not self.w_rl * advantage:
+                    self.counts["zero"] += 1
+                else:
+                    self.ready.append((session, turn, self.w_rl * advantage, reward, None))
             if not self.busy.is_set():
                 self._next_step()
 
@@ -121,13 +143,19 @@ class ProxyTrainer:
             self.advantages.record("advantage", {"train_step": self.steps, "group_id": s.group_id,
                                                  "task_id": s.id, "sample": 0, "step": t.index, "role": "agent",
                                                  "reward": r, "advantage": a, "kept": True,
-                                                 **({"hint": t.hint} if h is not None else {})})
+                                                 **({"hint": t.hint} if h is not None else {}),
+                                                 **({"candidate": t.candidate} if t.candidate is not None else {}),
+                                                 **({"rubric_version": t.rubric_version}
+                                                    if t.rubric_version is not None else {})})
         adv = [a for _, _, a, _, _ in chosen]
         rewards = [r for _, _, _, r, _ in chosen]
+        rubric = sorted({t.rubric_version for _, t, *_ in chosen if t.rubric_version is not None})
         metrics.update({"batch/samples": len(samples), "batch/response_tokens": sum(len(s.response_ids) for s in samples),
                         "reward/mean": sum(rewards) / len(rewards), "advantage/mean": sum(adv) / len(adv),
                         "advantage/std": float(np.std(adv)),
                         **({"opd/hinted_samples": sum(h is not None for *_, h in chosen)} if self.weight_opd else {}),
+                        "group/samples": sum(t.candidate is not None for _, t, *_ in chosen),
+                        **({"rubric/versions": rubric} if rubric else {}),
                         "proxy/version": self.policy.version, "proxy/staleness_max": self.policy.version - 1 - min(versions),
                         "proxy/judged_turns": self.counts["judged"], "proxy/zero_turns": self.counts["zero"],
                         "proxy/untrainable_turns": self.counts["untrainable"],
