@@ -1,8 +1,9 @@
 """The offline stand-ins of public base images, tagged under the public names on request.
 
-``python -m containers tag-stand-ins ubuntu:24.04 python:3.12-slim`` builds the stand-in that
-``containers/public-bases.yaml`` names for each (``tbench``, ``tbench-python``, ``tbench-dev``) and
-tags it in the local engine as that name, so a tool that builds ``FROM ubuntu:24.04`` itself
+``python -m containers tag-stand-ins ubuntu:24.04 python:3.12-slim`` builds the stand-in that the
+base image tables name for each (the user's ``NEXTSTATE_BASE_IMAGES``, ``containers/base-images.yaml``
+for terminal-bench's ``ghcr.io/laude-institute/t-bench/*``, then ``containers/public-bases.yaml``:
+``tbench``, ``tbench-python``, ``tbench-dev``, ``tbench-trixie``) and tags it in the local engine as that name, so a tool that builds ``FROM ubuntu:24.04`` itself
 (Harbor's ``docker`` environment, docker compose) finds it here unchanged. Nothing is tagged
 unless asked, and a name the engine already holds (the original, or another image) is left alone
 unless ``force``. The stand-ins differ from the originals as public-bases.yaml says.
@@ -14,17 +15,19 @@ import fnmatch
 
 import docker
 
-from nextstate.containers.build import PUBLIC_TABLE, _read_table, ensure_image, image_info
+from nextstate.containers.build import PUBLIC_TABLE, _read_table, base_images, ensure_image, image_info
 
 
 def stand_in_of(name: str) -> str:
-    """The known image public-bases.yaml maps the image name ``name`` (with its tag) to."""
+    """The known image the base image tables, then public-bases.yaml, map the image name ``name``
+    (with its tag) to: the first match, as a build resolves a ``FROM``."""
     if any(c in name for c in "*?[") or ":" not in name.rsplit("/", 1)[-1]:
         raise ValueError(f"{name!r}: name one image with its tag, such as ubuntu:24.04")
-    found = next((local for pattern, local in _read_table(PUBLIC_TABLE) if fnmatch.fnmatchcase(name, pattern)), None)
+    table = [*base_images(), *_read_table(PUBLIC_TABLE)]
+    found = next((local for pattern, local in table if fnmatch.fnmatchcase(name, pattern)), None)
     if found is None:
-        raise ValueError(f"{name!r} has no stand-in in {PUBLIC_TABLE.name} "
-                         f"(it has {', '.join(p for p, _ in _read_table(PUBLIC_TABLE))})")
+        raise ValueError(f"{name!r} has no stand-in in base-images.yaml or {PUBLIC_TABLE.name} "
+                         f"(patterns: {', '.join(p for p, _ in table)})")
     return found
 
 

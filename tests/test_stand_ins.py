@@ -19,6 +19,8 @@ NAME = f"debian:nextstate-test-{os.getpid()}"
 def test_a_name_maps_to_its_stand_in_and_a_bad_one_is_one_line():
     assert (stand_in_of("ubuntu:24.04"), stand_in_of("python:3.12-slim"), stand_in_of("python:3.12")) == (
         "tbench", "tbench-python", "tbench-dev")
+    assert stand_in_of("python:3.13-slim") == "tbench-trixie"
+    assert stand_in_of("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624") == "tbench"   # base-images.yaml
     with pytest.raises(ValueError, match="name one image with its tag"):
         stand_in_of("ubuntu:*")
     with pytest.raises(ValueError, match="has no stand-in"):
