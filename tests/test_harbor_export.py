@@ -90,3 +90,33 @@ print(json.dumps(out))
         meta = tomllib.loads((Path(d) / "task.toml").read_text())
         assert (user, timeout, solve, test) == ("agent", meta["verifier"]["timeout_sec"], True, True)
         assert (Path(d) / "instruction.md").read_text().startswith(instruction)
+
+
+def _compose() -> bool:
+    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_harbors_own_harness_with_its_oracle_agrees_with_nextstates_verdict(exported, harbor_python, tmp_path,
+                                                                           terminal_image):
+    """``harbor run -a oracle -e docker`` (Harbor's harness, its docker environment through docker
+    compose: .ci/setup installs the plugin) on exported tasks: the reward it writes is nextstate's
+    verdict on the same directories (the round trip above)."""
+    if not _compose():
+        if __import__("os").environ.get("CI"):
+            pytest.fail("no `docker compose` plugin: .ci/setup installs it")
+        pytest.skip("no `docker compose` plugin here (Harbor's docker environment drives it)")
+    harbor = Path(harbor_python).parent / "harbor"
+    rewards = {}
+    for name in ("greet-script", "proc-0"):
+        run = subprocess.run([str(harbor), "run", "-p", str(exported / name), "-a", "oracle", "-e", "docker",
+                              "-n", "1", "-o", str(tmp_path / "jobs"), "--job-name", name],
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        result = json.loads((tmp_path / "jobs" / name / "result.json").read_text())
+        [evaluation] = result["stats"]["evals"].values()
+        assert evaluation["n_errors"] == 0, evaluation
+        rewards[name] = evaluation["metrics"][0]["mean"]
+    checks = {c.task_id: c.ok for c in validate("terminal", str(exported), parallel=2, progress=False)}
+    assert rewards == {"greet-script": 1.0, "proc-0": 1.0} and checks["greet-script"] and checks["proc-0"]
