@@ -521,24 +521,33 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
 
-@pytest.mark.docker
-def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
-    """``FROM python:3.12-slim`` offline: the stand-in, where pip is not refused by PEP 668."""
-    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
-    (tmp_path / "Dockerfile").write_text(
-        "FROM python:3.12-slim\nWORKDIR /srv\n"
-        "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; cat /tmp/pip.log\n")
-    tag = f"nextstate-test/pystandin-{uuid.uuid4().hex[:8]}:latest"
+def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str]) -> str:
+    """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it, removes the image."""
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+    tag = f"nextstate-test/standin-{uuid.uuid4().hex[:8]}:latest"
     try:
         build_image(tmp_path, tag, client=docker_client)
-        log = docker_client.containers.run(tag, ["cat", "/tmp/pip.log"], remove=True).decode()
-        assert "externally-managed" not in log and "No matching distribution" in log, log
+        return docker_client.containers.run(tag, command, remove=True).decode()
     finally:
         try:
             docker_client.images.remove(tag, force=True)
         except Exception:
             pass
+
+
+@pytest.mark.docker
+def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.12-slim`` offline: the stand-in, where pip is not refused by PEP 668."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    log = _run_built(docker_client, tmp_path, "FROM python:3.12-slim\nWORKDIR /srv\n"
+                     "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; cat /tmp/pip.log\n",
+                     ["cat", "/tmp/pip.log"])
+    assert "externally-managed" not in log and "No matching distribution" in log, log
+
+
+HELLO_C = ("RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > /tmp/hi.c"
+           " && gcc -o /usr/local/bin/hi /tmp/hi.c\n")
 
 
 @pytest.mark.docker
@@ -547,19 +556,9 @@ def test_the_full_python_stand_in_compiles_c(terminal_image: str, tmp_path: Path
                                              monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
     """``FROM python:3.12`` (not -slim) offline: the stand-in has the C toolchain the original carries."""
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
-    (tmp_path / "Dockerfile").write_text(
-        "FROM python:3.12\nWORKDIR /src\n"
-        "RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > hi.c"
-        " && gcc -o /usr/local/bin/hi hi.c && make --version > /dev/null\n")
-    tag = f"nextstate-test/devstandin-{uuid.uuid4().hex[:8]}:latest"
-    try:
-        build_image(tmp_path, tag, client=docker_client)
-        assert docker_client.containers.run(tag, ["hi"], remove=True).decode().strip() == "compiled"
-    finally:
-        try:
-            docker_client.images.remove(tag, force=True)
-        except Exception:
-            pass
+    out = _run_built(docker_client, tmp_path, "FROM python:3.12\n" + HELLO_C + "RUN make --version > /dev/null\n",
+                     ["hi"])
+    assert out.strip() == "compiled"
 
 
 @pytest.mark.docker
@@ -569,21 +568,8 @@ def test_the_python_3_13_stand_in_is_trixie_with_python_3_13(terminal_image: str
     """``FROM python:3.13-slim`` offline: the stand-in built on Debian trixie, whose python3 is 3.13,
     where pip installs system-wide and C compiles."""
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
-    (tmp_path / "Dockerfile").write_text(
-        "FROM python:3.13-slim\n"
-        "RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > /tmp/hi.c"
-        " && gcc -o /usr/local/bin/hi /tmp/hi.c\n"
-        "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; true\n")
-    tag = f"nextstate-test/py313standin-{uuid.uuid4().hex[:8]}:latest"
-    try:
-        build_image(tmp_path, tag, client=docker_client)
-        out = docker_client.containers.run(
-            tag, ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"],
-            remove=True).decode()
-        assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
-        assert "externally-managed" not in out and "No matching distribution" in out, out
-    finally:
-        try:
-            docker_client.images.remove(tag, force=True)
-        except Exception:
-            pass
+    out = _run_built(docker_client, tmp_path, "FROM python:3.13-slim\n" + HELLO_C +
+                     "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; true\n",
+                     ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"])
+    assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
+    assert "externally-managed" not in out and "No matching distribution" in out, out
