@@ -72,6 +72,7 @@ BUILD_FAILURES = (
     (r"externally-managed-environment", "pip refused the system Python (PEP 668: externally managed)"),
 )
 SKIP = {"__pycache__", ".git"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")   # the colour codes docker wraps a step's stderr in
 
 
 @dataclass(frozen=True)
@@ -425,17 +426,21 @@ def docker_build(
         path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None,
         network_mode=network, rm=True, forcerm=True, pull=False, decode=True, dockerfile=dockerfile,
     )
+    pending = ""   # the engine's stream splits lines anywhere (a step's stderr comes a few bytes a chunk)
     for chunk in stream:
         if time.monotonic() > deadline:
             stream.close()
             raise progress.fail(f"docker build of {directory} failed: it ran past its {timeout:g} s build timeout")
         if "error" in chunk:
+            progress.feed(_ANSI.sub("", pending))
             progress.feed(chunk["error"])
             raise progress.fail(f"docker build of {directory} failed: {failure_reason(progress.tail)}"
                                 + (" (built with --network=none)" if network == "none" else ""))
-        for line in chunk.get("stream", "").splitlines():
-            progress.feed(line)
+        *lines, pending = (pending + chunk.get("stream", "")).split("\n")
+        for line in lines:
+            progress.feed(_ANSI.sub("", line))
         image_id = (chunk.get("aux") or {}).get("ID", image_id)
+    progress.feed(_ANSI.sub("", pending))
     if image_id is None:
         raise progress.fail(f"docker build of {directory} gave no image id")
     return image_id
