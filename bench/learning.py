@@ -234,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     _one_thread()
     started = time.monotonic()
     root = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bench-learning-"))
+    # a fresh process per run: a worker that trained one run kept its memory into the next (smollm2:
+    # 8 GB after one run, 14.7 GB after four)
     pool = ProcessPoolExecutor(max(1, args.jobs), mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_one_thread)
+                               initializer=_one_thread, max_tasks_per_child=1)
     try:
         jobs: dict[str, dict[str, list[Any]]] = {}
         configs: dict[str, Any] = {}
