@@ -35,9 +35,9 @@ from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from openenv.core.generic_client import GenericEnvClient
-from websockets.exceptions import ConnectionClosed
 from pydantic import ConfigDict, Field, model_validator
 from starlette.websockets import WebSocketDisconnect
+from websockets.exceptions import ConnectionClosed
 
 from nextstate.envs import registry
 from nextstate.envs.actions import ToolCall, tool_schema
@@ -71,18 +71,6 @@ def wait_healthy(url: str, timeout: float = 60.0, alive: Callable[[], bool] | No
 
 
 # -- serving ---------------------------------------------------------------------------------------
-#: What openenv-core's client raises when a server fails or goes away.
-CLIENT_ERRORS = (ConnectionError, OSError, RuntimeError, TimeoutError, ConnectionClosed)
-
-
-def _said(e: BaseException) -> str:
-    """One line for a client error; a closed WebSocket says what a full server does."""
-    if isinstance(e, ConnectionClosed):
-        return ("the server closed the session before answering (a server at its session limit sends "
-                f"CAPACITY_REACHED and closes): {e}")
-    return " ".join(str(e).split())
-
-
 class NextStateAction(Action):
     """One action: the model's ``text`` (a tool call in any form the family parses), or one tool
     call given as ``name`` and ``arguments``."""
@@ -256,6 +244,18 @@ class ServedSession(Environment):
 
 
 # -- consuming -------------------------------------------------------------------------------------
+#: What openenv-core's client raises when a server fails or goes away.
+CLIENT_ERRORS = (ConnectionError, OSError, RuntimeError, TimeoutError, ConnectionClosed)
+
+
+def _said(e: BaseException) -> str:
+    """One line for a client error; a closed WebSocket says what a full server does."""
+    if isinstance(e, ConnectionClosed):
+        return ("the server closed the session before answering (a server at its session limit sends "
+                f"CAPACITY_REACHED and closes): {e}")
+    return " ".join(str(e).split())
+
+
 class OpenEnvEnv(NextStateEnv):
     """A nextstate env over one OpenEnv server (subclassed per server by :class:`OpenEnvFamily`).
 
