@@ -170,11 +170,12 @@ def tag_of(name: str) -> str:
 
 def read_packages(directory: Path) -> list[str]:
     """The Debian packages a directory's packages.txt lists (comments allowed)."""
-    path = directory / "packages.txt"
-    if not path.is_file():
-        return []
-    text = re.sub(r"#.*", "", path.read_text())
-    return text.split()
+    return listed(directory / "packages.txt")
+
+
+def listed(path: Path) -> list[str]:
+    """The words of a list file (``packages.txt``, ``suite``), '#' comments dropped; [] when absent."""
+    return re.sub(r"#.*", "", path.read_text()).split() if path.is_file() else []
 
 
 BASE_TABLE = ROOT / "base-images.yaml"
@@ -268,8 +269,7 @@ def suite_of(dirs: list[Path]) -> str:
     """The Debian suite a chain is built on: the word in the nearest ``suite`` file from the
     end of the chain (an image that wants another release than its parents), else bookworm."""
     for directory in reversed(dirs):
-        path = directory / "suite"
-        if path.is_file() and (words := re.sub(r"#.*", "", path.read_text()).split()):
+        if words := listed(directory / "suite"):
             return words[0]
     return SUITE
 

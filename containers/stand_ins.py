@@ -3,19 +3,19 @@
 ``python -m containers tag-stand-ins ubuntu:24.04 python:3.12-slim`` builds the stand-in that the
 base image tables name for each (the user's ``NEXTSTATE_BASE_IMAGES``, ``containers/base-images.yaml``
 for terminal-bench's ``ghcr.io/laude-institute/t-bench/*``, then ``containers/public-bases.yaml``:
-``tbench``, ``tbench-python``, ``tbench-dev``, ``tbench-trixie``) and tags it in the local engine as that name, so a tool that builds ``FROM ubuntu:24.04`` itself
-(Harbor's ``docker`` environment, docker compose) finds it here unchanged. Nothing is tagged
-unless asked, and a name the engine already holds (the original, or another image) is left alone
-unless ``force``. The stand-ins differ from the originals as public-bases.yaml says.
+``tbench``, ``tbench-python``, ``tbench-dev``, ``tbench-trixie``) and tags it in the local engine
+as that name, so a tool that builds ``FROM ubuntu:24.04`` itself (Harbor's ``docker``
+environment, docker compose) finds it here unchanged. Nothing is tagged unless asked, and a name
+the engine already holds (the original, or another image) is left alone unless ``force``. The
+stand-ins differ from the originals as public-bases.yaml says.
 """
 
 from __future__ import annotations
 
-import fnmatch
-
 import docker
 
-from nextstate.containers.build import PUBLIC_TABLE, _read_table, base_images, ensure_image, image_info
+from nextstate.containers.build import (PUBLIC_TABLE, _read_table, base_images, ensure_image, image_info,
+                                        local_base)
 
 
 def stand_in_of(name: str) -> str:
@@ -23,11 +23,11 @@ def stand_in_of(name: str) -> str:
     (with its tag) to: the first match, as a build resolves a ``FROM``."""
     if any(c in name for c in "*?[") or ":" not in name.rsplit("/", 1)[-1]:
         raise ValueError(f"{name!r}: name one image with its tag, such as ubuntu:24.04")
-    table = [*base_images(), *_read_table(PUBLIC_TABLE)]
-    found = next((local for pattern, local in table if fnmatch.fnmatchcase(name, pattern)), None)
+    public = _read_table(PUBLIC_TABLE)
+    found = local_base(name, public)
     if found is None:
         raise ValueError(f"{name!r} has no stand-in in base-images.yaml or {PUBLIC_TABLE.name} "
-                         f"(patterns: {', '.join(p for p, _ in table)})")
+                         f"(patterns: {', '.join(p for p, _ in [*base_images(), *public])})")
     return found
 
 
