@@ -68,12 +68,15 @@ def read_harness_report(workdir: Path, run_id: str, instance_id: str, output: st
     return bool(json.loads(path.read_text())[instance_id]["resolved"])
 
 
-def verdict(gold: Any, noop: Any) -> str:
-    """``pass`` when gold resolves and noop does not; else what went wrong."""
+def verdict(gold: Any, noop: Any, network: bool = False) -> str:
+    """``pass`` when gold resolves and noop does not; else what went wrong (``network``: a grade's log
+    showed the tests reaching for a network they did not have)."""
     if gold is True and noop is False:
         return "pass"
     if not isinstance(gold, bool) or not isinstance(noop, bool):
         return "no grade"
+    if network:
+        return "tests need the internet"
     return "gold unresolved" if gold is not True else "noop resolved"
 
 
@@ -86,7 +89,7 @@ def measure_row(row: dict[str, Any], *, client: Any, repo_source: str | None, ha
 
     out: dict[str, Any] = {"instance_id": row["instance_id"], "repo": row["repo"], "version": row.get("version")}
     [built] = list(build_swe([row], client=client, repo_source=repo_source))
-    out.update(build_s=built.seconds, build_cached=built.cached, image_mib=round(built.size / 2**20))
+    out.update(build_s=round(built.seconds, 1), build_cached=built.cached, image_mib=round(built.size / 2**20))
     if built.error:
         out.update(result="build failed", reason=built.error[-600:])
         return out
@@ -100,7 +103,7 @@ def measure_row(row: dict[str, Any], *, client: Any, repo_source: str | None, ha
             out[f"{name}_network_failure"] = graded.network_failure
         except SandboxError as e:
             out[name], out[f"{name}_why"] = None, str(e)[:300]
-    out["result"] = verdict(out["gold"], out["noop"])
+    out["result"] = verdict(out["gold"], out["noop"], bool(out.get("gold_network_failure")))
     if harness:
         with tempfile.TemporaryDirectory(prefix="nextstate-swe-lite-") as tmp:
             theirs = harness_verdicts(row, patches, timeout=timeout, workdir=Path(tmp))

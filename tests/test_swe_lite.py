@@ -52,6 +52,8 @@ def test_the_noop_patch_applies_and_changes_no_tracked_file(tmp_path):
     (None, False, "no grade"), (True, "no harness report (x)", "no grade")])
 def test_a_row_passes_only_when_gold_resolves_and_noop_does_not(gold, noop, result):
     assert verdict(gold, noop) == result
+    assert verdict(gold, noop, network=True) == (result if result in ("pass", "no grade") else
+                                                 "tests need the internet")
 
 
 def test_the_harness_report_is_read_where_swebench_writes_it(tmp_path):
