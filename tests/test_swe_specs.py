@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nextstate.containers.build import host_ca_bundle
-from nextstate.envs.swe.images import (CONDA_STANDIN, repo_path, requirements, setup_env_script,
+from nextstate.envs.swe.images import (CONDA_STANDIN, env_link_hook, repo_path, requirements, setup_env_script,
                                    setup_repo_script, write_context)
 from nextstate.envs.swe import instance_task
 from nextstate.envs.swe import test_command as eval_test_command
@@ -182,6 +182,32 @@ def test_the_conda_stand_in_activates_the_venv(tmp_path):
                           "echo $CONDA_DEFAULT_ENV; conda install x"], capture_output=True, text=True)
     assert out.stdout.split() == [str(tmp_path / "envs" / "testbed" / "bin" / "python"), "testbed"]
     assert "only 'conda activate NAME'" in out.stderr
+
+
+def test_a_symlink_to_the_envs_python_sees_the_envs_packages_as_with_conda(tmp_path):
+    """tox --current-env links .tox/py39/bin/python to the env's python: a venv's then runs the system
+    interpreter without the env's packages (sphinx's Lite rows: 'No module named pytest'). The hook, in the
+    system interpreter's site directory, adds them then, and only then. A site directory made here stands
+    in for the system's (the host's cannot be written)."""
+    import sys
+
+    env = tmp_path / "envs" / "testbed"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (env / "lib" / f"python{version}" / "site-packages" / "only_in_env.py").write_text("")
+    system_site = tmp_path / "system-site"
+    system_site.mkdir()
+    (system_site / "nextstate_testbed_env.py").write_text(env_link_hook(str(env), version))
+    (system_site / "nextstate_testbed_env.pth").write_text("import nextstate_testbed_env\n")
+    link = tmp_path / "tox" / "bin" / "python"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(env / "bin" / "python")
+    probe = (f"import site; site.addsitedir({str(system_site)!r}); import importlib.util; "
+             "print(importlib.util.find_spec('only_in_env') is not None)")
+    through_link = subprocess.run([str(link), "-c", probe], capture_output=True, text=True, check=True)
+    direct = subprocess.run([str(Path(sys.base_prefix) / "bin" / f"python{version}"), "-c", probe],
+                            capture_output=True, text=True, check=True)
+    assert (through_link.stdout.strip(), direct.stdout.strip()) == ("True", "False")
 
 
 def test_evaluate_fails_when_all_abort_or_any_for_a_configuration_reason():

@@ -15,7 +15,9 @@ that ``git diff`` shows only later changes. The specs and scripts come from
   trixie); other versions are refused offline with that said.
 * **Env.** A venv stands in for conda's env; ``/opt/miniconda3/bin/activate``
   defines a ``conda`` function whose ``conda activate testbed`` activates it,
-  so SWE-bench's eval scripts and ``.bashrc`` line work unchanged.
+  so SWE-bench's eval scripts and ``.bashrc`` line work unchanged. A python reached
+  through a symlink to the env's (``tox --current-env``) sees the env's packages, as with
+  conda (:data:`ENV_LINK_HOOK`).
 * **Repository source.** By default ``git clone https://github.com/<repo>`` as
   SWE-bench does; ``repo_source`` (``--repo-source``) names local git
   repositories instead: a directory holding ``owner+name/repo``,
@@ -80,6 +82,41 @@ conda() {{
     esac
 }}
 """
+
+#: A conda env's python reached through a symlink (``tox --current-env`` links ``.tox/py39/bin/python`` to
+#: it) is still that env; a venv's is the system interpreter without the env's packages. This module, in
+#: the system interpreter's site directory with a ``.pth`` that imports it, adds the env's packages (first)
+#: when the interpreter was reached through the env's ``bin``.
+ENV_LINK_HOOK = """\
+import os
+import site
+import sys
+
+ENV_BIN = "{env_bin}"
+
+
+def _through_env(path):
+    for _ in range(40):
+        if os.path.dirname(os.path.abspath(path)) == ENV_BIN:
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
+if sys.prefix == sys.base_prefix and _through_env(sys.executable):
+    _before = list(sys.path)
+    site.addsitedir("{site_packages}")
+    sys.path[:] = [p for p in sys.path if p not in _before] + _before
+"""
+ENV_LINK_MODULE = "nextstate_testbed_env"
+
+
+def env_link_hook(env: str, python: str) -> str:
+    """:data:`ENV_LINK_HOOK` for the venv at ``env`` of Python ``python`` (``3.9``)."""
+    return ENV_LINK_HOOK.format(env_bin=f"{env}/bin", site_packages=f"{env}/lib/python{python}/site-packages")
+
 
 DOCKERFILE = """\
 ARG BASE
@@ -196,6 +233,11 @@ def setup_env_script(spec: dict[str, Any]) -> str:
         TRUST_CA,
         f"mkdir -p {CONDA}/bin {CONDA}/etc/profile.d {CONDA}/envs",
         f"python{spec['python']} -m venv {CONDA}/envs/{ENV_NAME}",
+        f"SYSTEM_SITE=$(python{spec['python']} -c 'import site; print(site.getsitepackages()[0])')",
+        'mkdir -p "$SYSTEM_SITE"',
+        f"cat > \"$SYSTEM_SITE/{ENV_LINK_MODULE}.py\" <<'NEXTSTATE_EOF'\n"
+        f"{env_link_hook(f'{CONDA}/envs/{ENV_NAME}', spec['python'])}NEXTSTATE_EOF",
+        f"echo 'import {ENV_LINK_MODULE}' > \"$SYSTEM_SITE/{ENV_LINK_MODULE}.pth\"",
         f"cat > {CONDA}/bin/activate <<'NEXTSTATE_EOF'\n{CONDA_STANDIN}NEXTSTATE_EOF",
         f"cp {CONDA}/bin/activate {CONDA}/etc/profile.d/conda.sh",
         ACTIVATE,
