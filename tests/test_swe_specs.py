@@ -210,6 +210,26 @@ def test_a_symlink_to_the_envs_python_sees_the_envs_packages_as_with_conda(tmp_p
     assert (through_link.stdout.strip(), direct.stdout.strip()) == ("True", "False")
 
 
+@pytest.mark.parametrize(("message", "stays"), [("SWE-bench", True), ("the fix", False)])
+def test_a_swebench_images_setup_commit_on_the_base_counts_as_the_base(tmp_path, message, stays):
+    """SWE-bench's image setup commits its pre_install edits (sphinx: tox.ini's `pytest -rA`) on top of
+    base_commit; the harness grades there. Checking out base_commit instead lost `-rA`, and with it every
+    test result. Any other commit on top (a fix) is still left for the base."""
+    from nextstate.envs.swe.instances import checkout_command
+
+    (tmp_path / "tox.ini").write_text("commands = pytest\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    base = git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "tox.ini").write_text("commands = pytest -rA\n")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", message)
+    top = git(tmp_path, "rev-parse", "HEAD")
+    command = checkout_command({"base_commit": base, "image": "sweb.eval.x86_64.a__b-1:latest"})
+    subprocess.run(["bash", "-c", command.replace("/testbed", str(tmp_path))], check=True)
+    assert git(tmp_path, "rev-parse", "HEAD") == (top if stays else base)
+
+
 def test_evaluate_fails_when_all_abort_or_any_for_a_configuration_reason():
     ok = {"total": 3, "abort_reasons": {}}
     assert failure(ok) is None

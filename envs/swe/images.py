@@ -60,7 +60,7 @@ from nextstate.envs.swe.specs import ACTIVATE, CONDA, ENV_NAME, TESTBED, SpecErr
 from nextstate.containers import connect
 from nextstate.containers.build import (HASH_LABEL, Progress, docker_build, finish, host_ca_bundle, image_info, image_label,
                               is_offline, rootfs_image)
-from nextstate.envs.swe.instances import load_instances
+from nextstate.envs.swe.instances import SETUP_COMMIT_MESSAGE, load_instances
 
 #: Debian suites by the Python version they ship (offline bases).
 DEBIAN_PYTHON = {"3.9": "bullseye", "3.11": "bookworm", "3.13": "trixie"}
@@ -280,7 +280,7 @@ def setup_repo_script(row: dict[str, Any], spec: dict[str, Any], local: bool) ->
         *([spec["install"]] if spec.get("install") else []),
         "git config --global user.email setup@swebench.config",
         "git config --global user.name SWE-bench",
-        "git commit --allow-empty -qam SWE-bench",
+        f"git commit --allow-empty -qam {SETUP_COMMIT_MESSAGE}",
     ]) + "\n"
 
 

@@ -130,17 +130,26 @@ def sandbox_user(instance: dict[str, Any]) -> str:
     return CONTAINER_USER
 
 
+#: The message of the commit SWE-bench's image setup makes on top of ``base_commit`` (its ``pre_install``
+#: edits of tracked files, e.g. sphinx's ``tox.ini`` ``pytest -rA``): an image at that commit is at its base.
+SETUP_COMMIT_MESSAGE = "SWE-bench"
+
+
 def checkout_command(instance: dict[str, Any]) -> str:
-    """Shell that puts the repository at ``base_commit`` in ``/testbed`` and changes into it."""
+    """Shell that puts the repository at ``base_commit`` in ``/testbed`` (a SWE-bench image's setup commit
+    on top of it counts as there, as swebench's harness leaves it) and changes into it."""
     base = shlex.quote(instance["base_commit"])
     clone = ""
+    at_base = f"[ \"$(git rev-parse HEAD)\" = {base} ]"
+    if not is_offline(instance):
+        at_base = (f"{{ {at_base} || {{ [ \"$(git log -1 --format=%s HEAD)\" = {SETUP_COMMIT_MESSAGE} ] && "
+                   f"[ \"$(git rev-parse -q --verify HEAD^)\" = {base} ]; }}; }}")
     if is_offline(instance):
         source = f"{OFFLINE_REPOS}/{instance['repo'].replace('/', '__')}.git"
         # --no-hardlinks: the sandbox's writable layer may sit on its own disk (the disk limit),
         # where overlayfs can't keep a copied-up file's inode, and git rejects the hardlinks
         clone = f"{{ test -d {TESTBED}/.git || git clone -q --no-hardlinks {shlex.quote(source)} {TESTBED}; }} && "
-    return (f"{clone}cd {TESTBED} && {{ [ \"$(git rev-parse HEAD)\" = {base} ] || "
-            f"git -c advice.detachedHead=false checkout -q {base}; }}")
+    return f"{clone}cd {TESTBED} && {{ {at_base} || git -c advice.detachedHead=false checkout -q {base}; }}"
 
 
 def ensure_image(image: str, instance_id: str = "INSTANCE_ID") -> None:
