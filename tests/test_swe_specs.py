@@ -175,6 +175,27 @@ def test_build_context_clones_from_the_source_and_trusts_the_ca(repo, tmp_path):
     assert write_context(row, again, repo_source=str(source), ca_bundle=None) == digest  # cache key stable
 
 
+def test_a_mirror_lacking_later_objects_gives_the_history_of_the_base(repo, tmp_path):
+    """A fetched mirror may lack objects (its largest files): the whole clone fails, and the build copies
+    what SWE-bench's setup keeps, the base commit's history and the tags in it."""
+    from nextstate.envs.swe.images import copy_repository
+
+    source, setup, base = repo
+    work = source / "pallets+flask"
+    git(work, "tag", "v1", setup)
+    (work / "later.txt").write_text("a blob of a commit after the base\n")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "three")
+    git(work, "tag", "v2")
+    blob = git(work, "rev-parse", "HEAD:later.txt")
+    (work / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    copy_repository(work, base, tmp_path / "copy.git")
+    assert git(tmp_path / "copy.git", "rev-parse", "HEAD") == base
+    assert git(tmp_path / "copy.git", "tag").split() == ["v1"]
+    with pytest.raises(SpecError, match="nor the history of"):
+        copy_repository(work, git(work, "rev-parse", "HEAD"), tmp_path / "again.git")
+
+
 def test_the_conda_stand_in_activates_the_venv(tmp_path):
     script = CONDA_STANDIN.replace("/opt/miniconda3", str(tmp_path))
     subprocess.run(["python3", "-m", "venv", "--without-pip", str(tmp_path / "envs" / "testbed")], check=True)

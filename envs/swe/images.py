@@ -23,7 +23,8 @@ that ``git diff`` shows only later changes. The specs and scripts come from
   repositories instead: a directory holding ``owner+name/repo``,
   ``owner+name``, ``owner__name(.git)`` or ``owner/name``, or a JSON file
   mapping ``owner/name`` to a path. Requirements files are read from the same
-  source at ``environment_setup_commit``.
+  source at ``environment_setup_commit``. A source lacking objects of later
+  commits gives the build the history of ``base_commit`` (:func:`copy_repository`).
 * **Network and certificates.** Builds use the default bridge network: pip
   reaches PyPI. The host's CA bundle (``ca_bundle``; default ``PIP_CERT``,
   ``REQUESTS_CA_BUNDLE``, ``SSL_CERT_FILE`` or Debian's bundle) is copied into
@@ -299,9 +300,28 @@ def write_context(row: dict[str, Any], folder: Path, *, repo_source: str | None,
     # the image's identity is the repository at base_commit, not where it was cloned from
     digest.update(setup_repo_script(row, spec, local=False).encode())
     if local is not None:
-        subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(local), str(folder / "repo.git")],
-                       check=True, capture_output=True)
+        copy_repository(local, row["base_commit"], folder / "repo.git")
     return digest.hexdigest()[:32]
+
+
+def copy_repository(local: Path, base: str, target: Path) -> None:
+    """A bare copy of ``local`` for the build context. Where the whole history cannot be copied (a mirror
+    lacking objects of later commits), the history of ``base`` and the tags in it: what SWE-bench's setup
+    keeps of the clone once it has reset to ``base``, removed the remote and pruned."""
+    full = subprocess.run(["git", "clone", "-q", "--bare", "--no-local", str(local), str(target)],
+                          capture_output=True, text=True)
+    if full.returncode == 0:
+        return
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(target)], check=True, capture_output=True)
+    tags = subprocess.run(["git", "-C", str(local), "tag", "--merged", base], capture_output=True, text=True)
+    refs = [f"{base}:refs/heads/main", *(f"refs/tags/{t}:refs/tags/{t}" for t in tags.stdout.split())]
+    fetched = subprocess.run(["git", "--git-dir", str(target), "fetch", "-q", "--no-tags", str(local), *refs],
+                             capture_output=True, text=True)
+    if fetched.returncode != 0:
+        raise SpecError(f"cannot copy the git repository {local}: {' '.join(full.stderr.split())[-300:]}; "
+                        f"nor the history of {base[:12]}: {' '.join(fetched.stderr.split())[-300:]}")
+    subprocess.run(["git", "--git-dir", str(target), "symbolic-ref", "HEAD", "refs/heads/main"], check=True)
 
 
 # ---- building -----------------------------------------------------------------------------
