@@ -69,11 +69,14 @@ def test_the_harness_report_is_read_where_swebench_writes_it(tmp_path):
 @pytest.mark.slow
 def test_one_row_end_to_end_both_graders_agree(tmp_path, monkeypatch):
     """A plain row of the project's own datekit repository (no GitHub needed), measured as the table
-    measures a Lite row: build-swe, nextstate's grader and swebench's harness, gold and noop. Minutes; PyPI."""
+    measures a Lite row: build-swe, nextstate's grader and swebench's harness, gold and noop; its spec's
+    pre_install edits a tracked file (as sphinx's does tox.ini), which the image's setup commit holds and
+    an episode's patch must not. Minutes; PyPI."""
     import importlib.util
 
     from bench.swe_lite import measure_row
     from nextstate import containers
+    from nextstate.envs.swe import SWEEnv
     from nextstate.envs.swe.specs import specs
 
     spec = importlib.util.spec_from_file_location("make_repos", ROOT / "containers/swe/make_repos.py")
@@ -83,7 +86,8 @@ def test_one_row_end_to_end_both_graders_agree(tmp_path, monkeypatch):
     extra = tmp_path / "specs.json"
     extra.write_text(json.dumps({"nextstate/datekit": {"0.1": {
         "python": "3.11", "install": "python -m pip install -e .", "pip_packages": ["pytest"],
-        "test_cmd": "pytest -rA", "log_parser": "parse_log_pytest"}}}))
+        "test_cmd": "pytest -rA", "log_parser": "parse_log_pytest",
+        "pre_install": ["echo '# set up by the image' >> README.md"]}}}))
     monkeypatch.setenv("NEXTSTATE_SWE_SPECS", str(extra))
     [builtin] = [r for r in read_rows(ROOT / "envs/swe/tasks/instances.jsonl")
                  if r["instance_id"] == "nextstate__datekit-12"]
@@ -92,8 +96,17 @@ def test_one_row_end_to_end_both_graders_agree(tmp_path, monkeypatch):
     try:
         [row] = load_instances([plain])
         got = measure_row(row, client=client, repo_source=str(tmp_path / "git"), harness=True, timeout=300)
+        env = SWEEnv([plain], grade_timeout=300)
+        try:
+            env.reset()
+            for action in env.oracle_actions(env.task, "gold"):
+                *_, info = env.step(action)
+        finally:
+            env.close()
     finally:
         specs().pop("nextstate/datekit", None)
         client.close()
     assert got["result"] == "pass", got
     assert (got["harness_gold"], got["harness_noop"], got["harness_agrees"]) == (True, False, True), got
+    assert info["outcome"]["resolved"] is True, info["outcome"]
+    assert "README.md" not in info["outcome"]["model_patch"] and "datekit/" in info["outcome"]["model_patch"]

@@ -133,6 +133,7 @@ class SWEEnv(NextStateEnv):
         self.grade_network = grade_network
         self.max_output_chars = max_output_chars
         self.submitted = False
+        self.start_commit: str | None = None  # HEAD once checked out: the base, or a SWE-bench image's setup commit
         self._run_id = uuid.uuid4().hex[:12]
         self._client: Any = None
 
@@ -160,6 +161,8 @@ class SWEEnv(NextStateEnv):
         if not ready.ok:
             raise SandboxError(f"could not check out {task.data['repo']} at "
                                f"{task.data['base_commit'][:12]}: {ready.output[-500:]}")
+        head = self.sandbox.run(f"cd {TESTBED} && git rev-parse HEAD", timeout=60)
+        self.start_commit = head.output.split()[-1] if head.ok and head.output.split() else None
         if not is_offline(task.data):  # the shell starts inside the instance's env, as SWE-bench's harness does
             self.sandbox.run(f"if [ -f {CONDA}/bin/activate ]; then {ACTIVATE}; fi; cd {TESTBED}", timeout=60)
         return None
@@ -207,9 +210,10 @@ class SWEEnv(NextStateEnv):
 
     # -- the episode's patch ------------------------------------------------------------------------
     def model_patch(self) -> tuple[str, str | None]:
-        """``git diff`` of /testbed against the base commit, new files included; or why there is none."""
+        """``git diff`` of /testbed against the episode's start (the base commit, or a SWE-bench image's setup
+        commit on it, whose edits are the image's, not the agent's), new files included; or why there is none."""
         assert self.task is not None
-        base = self.task.data["base_commit"]
+        base = self.start_commit or self.task.data["base_commit"]
         ran = self.sandbox.run(f"cd {TESTBED} && git add -A && "
                                f"git -c core.quotepath=off diff --text --cached {base} > {DIFF_FILE}",
                                timeout=120)
