@@ -521,13 +521,14 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
 
-def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str]) -> str:
-    """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it, removes the image."""
+def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str], **run: object) -> str:
+    """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it (``run``: more
+    arguments of ``containers.run``), removes the image."""
     (tmp_path / "Dockerfile").write_text(dockerfile)
     tag = f"nextstate-test/standin-{uuid.uuid4().hex[:8]}:latest"
     try:
         build_image(tmp_path, tag, client=docker_client)
-        return docker_client.containers.run(tag, command, remove=True).decode()
+        return docker_client.containers.run(tag, command, remove=True, **run).decode()
     finally:
         try:
             docker_client.images.remove(tag, force=True)
@@ -573,3 +574,28 @@ def test_the_python_3_13_stand_in_is_trixie_with_python_3_13(terminal_image: str
                      ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"])
     assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
     assert "externally-managed" not in out and "No matching distribution" in out, out
+
+
+APT_LISTS = Path("/var/lib/apt/lists")
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not any(APT_LISTS.glob("*bookworm*_Packages*")),
+                    reason="needs this machine's package lists of Debian bookworm, the stand-in's release")
+def test_the_ubuntu_stand_in_takes_ubuntu_package_names(terminal_image: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM ubuntu:24.04`` offline: the stand-in's apt-get rewrites the Ubuntu names Debian lacks
+    (a table, and Ubuntu 24.04's ``t64`` suffix by rule) and leaves the rest. Simulated (``-s``)
+    against this machine's package lists, mounted read-only, so nothing is downloaded."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    names = "chromium-browser libasound2t64 postgresql-client-16 jq"
+    unknown = "'Unable to locate package|has no installation candidate'"
+    out = _run_built(docker_client, tmp_path, "FROM ubuntu:24.04\n",
+                     ["sh", "-c", f"apt-get -s install -y {names} 2>&1; echo rc=$?; "
+                                  f"/usr/bin/apt-get -s install -y {names} 2>&1 | grep -cE {unknown}"],
+                     network_mode="none", volumes={str(APT_LISTS): {"bind": str(APT_LISTS), "mode": "ro"}})
+    for ubuntu, debian in [("chromium-browser", "chromium"), ("libasound2t64", "libasound2"),
+                           ("postgresql-client-16", "postgresql-client")]:
+        assert f"installing Debian's {debian} for Ubuntu's {ubuntu}" in out, out
+    assert "Ubuntu's jq" not in out and "Inst chromium " in out and "rc=0" in out, out
+    assert out.rstrip().endswith("\n3"), out  # Debian's own apt-get knows none of the three
