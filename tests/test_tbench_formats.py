@@ -521,6 +521,17 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
 
+def test_a_stand_in_says_what_it_differs_in() -> None:
+    from nextstate.containers.build import stand_in_note
+
+    assert stand_in_note("python:3.12-slim", "nextstate/tbench-python:latest") == (
+        "python:3.12-slim stands in as nextstate/tbench-python:latest: Debian bookworm, whose python3 is 3.11, not 3.12")
+    assert stand_in_note("docker.io/library/python:3.13", "nextstate/tbench-trixie:latest") is None  # trixie's 3.13
+    assert "not Ubuntu" in stand_in_note("ubuntu:24.04", "nextstate/tbench:latest")
+    assert stand_in_note("debian:bookworm-slim", "nextstate/tbench:latest") is None
+    assert stand_in_note("python:3.12", "registry.example/own:1") is None   # a user's own image: not ours to describe
+
+
 def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str], **run: object) -> str:
     """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it (``run``: more
     arguments of ``containers.run``), removes the image."""
