@@ -41,7 +41,7 @@ from nextstate.containers.engine import connect
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"
 SUITE = "bookworm"
-PYTHON_OF_SUITE = {"bookworm": "3.11", "trixie": "3.13"}   # each Debian release's own python3
+PYTHON_OF_SUITE = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}   # each Debian release's own python3
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HASH_LABEL = "io.nextstate.image-hash"
 PROBE_IMAGE = ("debian", "bookworm-slim")

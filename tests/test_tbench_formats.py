@@ -517,6 +517,8 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     three13 = "FROM python:3.13-slim-bookworm\nFROM debian:trixie-slim\nFROM python:3.12\n"
     assert public_stand_ins(Engine(), three13) == [("python:3.13*", "tbench-trixie"),
                                                    ("debian:trixie*", "tbench-trixie"), ("python:3*", "tbench-dev")]
+    assert public_stand_ins(Engine(), "FROM python:3.9-slim\nFROM debian:bullseye\n") == [
+        ("python:3.9*", "tbench-bullseye"), ("debian:bullseye*", "tbench-bullseye")]
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
@@ -586,6 +588,20 @@ def test_the_python_3_13_stand_in_is_trixie_with_python_3_13(terminal_image: str
     assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
     assert "externally-managed" not in out and "No matching distribution" in out, out
 
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_python_3_9_stand_in_is_bullseye_with_python_3_9(terminal_image: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.9-slim`` offline: the stand-in built on Debian bullseye, whose python3 is 3.9,
+    where pip installs and C compiles."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    out = _run_built(docker_client, tmp_path, "FROM python:3.9-slim\n" + HELLO_C +
+                     "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; true\n",
+                     ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"])
+    assert out.startswith("Python 3.9.") and "\ncompiled\nbullseye\n" in out, out
+    assert "No matching distribution" in out, out
 
 APT_LISTS = Path("/var/lib/apt/lists")
 
