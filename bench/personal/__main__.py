@@ -13,7 +13,7 @@ The proxy's judge and hint source are the bench's rule readers of the reply and 
 (:mod:`bench.personal.judge`). Variants (``--mode``): ``none`` (no training: the control), ``rl``
 (binary RL on the reply's vote), ``opd`` (the correction as the hint), ``combine``; each with the
 evolving rubric ``--rubric off``, ``rules`` or ``llm`` (the served model as its LLM). ``none``
-runs with ``off`` only.
+runs once, with ``off``.
 
 Per user and ``variant/rubric`` the JSON holds the seed-mean score of the first answers over the
 interactions in ``--blocks`` equal blocks (``curve``), ``first`` and ``last`` (the first and last
@@ -91,8 +91,9 @@ def check(args: argparse.Namespace) -> str | None:
 
 
 def runs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """The ``(variant, rubric)`` pairs to run: ``none`` only without a rubric."""
-    return [(v, r) for v in args.variants for r in args.rubrics if v != "none" or r == "off"]
+    """The ``(variant, rubric)`` pairs to run: ``none`` (nothing trains, so no judge) once, without a rubric."""
+    return [("none", "off")] * ("none" in args.variants) + \
+        [(v, r) for v in args.variants if v != "none" for r in args.rubrics]
 
 
 def proxy_argv(args: argparse.Namespace, variant: str, rubric: str, seed: int, out: Path) -> list[str]:
