@@ -8,7 +8,8 @@ line, :func:`train.proxy.__main__.build`, served over HTTP in this process) and 
 user. An interaction is one session: the user asks about a new generated case, the model answers
 (the **first answer**, which the user's rule scorer scores, 0 to 1 in steps of 0.25), the user
 replies in words (a correction, a re-ask, approval, or nothing), and that reply goes to the proxy
-as the session's next request (answered, then the session ends): the first answer's next state.
+as the session's next request (answered in at most 16 tokens, then the session ends): the first
+answer's next state.
 The proxy's judge and hint source are the bench's rule readers of the reply and the rubric
 (:mod:`bench.personal.judge`). Variants (``--mode``): ``none`` (no training: the control), ``rl``
 (binary RL on the reply's vote), ``opd`` (the correction as the hint), ``combine``; each with the
@@ -41,6 +42,7 @@ from bench.personal.users import USERS, make_user
 
 VARIANTS = ("none", "rl", "opd", "combine")
 RUBRICS = ("off", "rules", "llm")
+FOLLOW_UP_TOKENS = 16   # the answer to the reply ends the session: never scored nor trained, so kept short
 PAPER_INTERACTIONS = {"student": 36, "teacher": 24}
 PAPER = ("OpenClaw-RL (arXiv 2603.10165), personal track: with the combined method (binary RL + OPD), an LLM "
          "scorer saw the first answers' score change visibly after 36 student and 24 teacher interactions")
@@ -139,7 +141,7 @@ def run_one(args: argparse.Namespace, user_name: str, variant: str, rubric: str,
             kinds[kind] += 1
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": words}]
             client.chat.completions.create(model=args.model, messages=messages, temperature=1.0,
-                                           max_tokens=max_tokens, extra_headers={**headers, "X-Session-Done": "true"})
+                                           max_tokens=FOLLOW_UP_TOKENS, extra_headers={**headers, "X-Session-Done": "true"})
         base = url.removesuffix("/v1")
         while (h := httpx.get(f"{base}/health", timeout=60).json())["judging"] or h["training"]:
             time.sleep(0.2)
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     show({"users": users, "model": args.model,
           "protocol": {"scorer": "rules (0 to 1 in steps of 0.25; no LLM)", "users": "rule-written replies",
                        "judge": "rules: bench.personal.judge.ReplyJudge / ReplyHints", "comment_rate": args.comment_rate,
-                       "batch": args.batch or m["batch"], "max_tokens": m["max_tokens"], "set": m["set"],
+                       "batch": args.batch or m["batch"], "max_tokens": m["max_tokens"], "follow_up_tokens": FOLLOW_UP_TOKENS, "set": m["set"],
                        "temperature": 1.0, "rubric_every": 3, "blocks": args.blocks},
           "paper": PAPER, "seeds": args.seeds, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     return 0
