@@ -27,6 +27,7 @@ protocol, and the paper's reported trend. Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import sys
@@ -145,9 +146,11 @@ def run_one(args: argparse.Namespace, user_name: str, variant: str, rubric: str,
         base = url.removesuffix("/v1")
         while (h := httpx.get(f"{base}/health", timeout=60).json())["judging"] or h["training"]:
             time.sleep(0.2)
-    return {"seed": seed, "scores": scores, "replies": kinds, "trained_steps": h["trained_steps"],
-            "version": h["version"], **({"rubric_version": h["rubric_version"]} if "rubric_version" in h else {}),
-            "wall_s": round(time.monotonic() - start, 1)}
+    result = {"seed": seed, "scores": scores, "replies": kinds, "trained_steps": h["trained_steps"],
+              "version": h["version"], **({"rubric_version": h["rubric_version"]} if "rubric_version" in h else {}),
+              "wall_s": round(time.monotonic() - start, 1)}
+    (out / "result.json").write_text(json.dumps(result) + "\n")   # a finished run survives an interrupted bench
+    return result
 
 
 def blocks(scores: list[float], k: int) -> list[float]:
