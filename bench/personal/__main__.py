@@ -44,6 +44,7 @@ from bench.personal.users import USERS, make_user
 VARIANTS = ("none", "rl", "opd", "combine")
 RUBRICS = ("off", "rules", "llm")
 FOLLOW_UP_TOKENS = 16   # the answer to the reply ends the session: never scored nor trained, so kept short
+RUBRIC_EVERY = 3       # the proxy's default bound: user messages between two rubric changes
 PAPER_INTERACTIONS = {"student": 36, "teacher": 24}
 PAPER = ("OpenClaw-RL (arXiv 2603.10165), personal track: with the combined method (binary RL + OPD), an LLM "
          "scorer saw the first answers' score change visibly after 36 student and 24 teacher interactions")
@@ -103,8 +104,8 @@ def proxy_argv(args: argparse.Namespace, variant: str, rubric: str, seed: int, o
     """The proxy's command line for one run (``none``: ``--no-train``)."""
     m = MODELS[args.model]
     argv = ["--model", args.model, "--output", str(out), "--judge", "policy" if rubric == "llm" else "none",
-            "--hint-source", "none", "--rubric", rubric, "--batch", str(args.batch or m["batch"]),
-            "--seed", str(seed), "--max-tokens", str(m["max_tokens"]), "--learner-nice", "0"]
+            "--hint-source", "none", "--rubric", rubric, "--rubric-every", str(RUBRIC_EVERY),
+            "--batch", str(args.batch or m["batch"]), "--seed", str(seed), "--max-tokens", str(m["max_tokens"]), "--learner-nice", "0"]
     argv += ["--no-train"] if variant == "none" else ["--mode", variant]
     return argv + [x for s in m["set"] for x in ("--set", s)]
 
@@ -142,7 +143,8 @@ def run_one(args: argparse.Namespace, user_name: str, variant: str, rubric: str,
             kinds[kind] += 1
             messages += [{"role": "assistant", "content": text}, {"role": "user", "content": words}]
             client.chat.completions.create(model=args.model, messages=messages, temperature=1.0,
-                                           max_tokens=FOLLOW_UP_TOKENS, extra_headers={**headers, "X-Session-Done": "true"})
+                                           max_tokens=FOLLOW_UP_TOKENS,
+                                           extra_headers={**headers, "X-Session-Done": "true"})
         base = url.removesuffix("/v1")
         while (h := httpx.get(f"{base}/health", timeout=60).json())["judging"] or h["training"]:
             time.sleep(0.2)
@@ -203,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     m = MODELS[args.model]
     show({"users": users, "model": args.model,
           "protocol": {"scorer": "rules (0 to 1 in steps of 0.25; no LLM)", "users": "rule-written replies",
-                       "judge": "rules: bench.personal.judge.ReplyJudge / ReplyHints", "comment_rate": args.comment_rate,
-                       "batch": args.batch or m["batch"], "max_tokens": m["max_tokens"], "follow_up_tokens": FOLLOW_UP_TOKENS, "set": m["set"],
-                       "temperature": 1.0, "rubric_every": 3, "blocks": args.blocks},
+                       "judge": "rules: bench.personal.judge.ReplyJudge / ReplyHints",
+                       "comment_rate": args.comment_rate, "batch": args.batch or m["batch"],
+                       "max_tokens": m["max_tokens"], "follow_up_tokens": FOLLOW_UP_TOKENS, "set": m["set"],
+                       "temperature": 1.0, "rubric_every": RUBRIC_EVERY, "blocks": args.blocks},
           "paper": PAPER, "seeds": args.seeds, "wall_s": round(time.monotonic() - started, 1)}, args.json)
     return 0
 

@@ -9,8 +9,8 @@ quarter per criterion met, :meth:`User.score`), and it replies in words (:meth:`
   comment says neither right nor wrong);
 * else a **correction** that says what to change, one sentence per unmet criterion, in the words
   that user would use (the proxy's next request carries it: the OPD hint's source);
-* with probability ``1 - comment_rate`` (the bench's ``--comment-rate``) the user says nothing about the answer and moves on
-  (``Okay.``): users do not comment on every answer, and an evolving judge can then still
+* with probability ``1 - comment_rate`` (the bench's ``--comment-rate``) the user says nothing
+  about the answer and moves on (``Okay.``): users do not comment on every answer, and an evolving judge can then still
   judge by what they said before.
 
 Users are a registry (:func:`register_user`, which refuses a name twice):
