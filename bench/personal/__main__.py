@@ -38,8 +38,6 @@ from typing import Any
 
 from bench import report as show
 from bench.learning import ci95
-from bench.personal.judge import ReplyHints, ReplyJudge
-from bench.personal.users import USERS, make_user
 
 VARIANTS = ("none", "rl", "opd", "combine")
 RUBRICS = ("off", "rules", "llm")
@@ -66,7 +64,7 @@ class OneLineParser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m bench.personal", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="tiny", choices=list(MODELS))
-    p.add_argument("--users", nargs="+", default=list(PAPER_INTERACTIONS), choices=sorted(USERS))
+    p.add_argument("--users", nargs="+", default=list(PAPER_INTERACTIONS), help="registered users (student, teacher)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--rubrics", nargs="+", default=["off", "rules"], choices=RUBRICS,
                    help="the evolving judge: off, rules (the rule baseline), llm (the served model)")
@@ -91,7 +89,10 @@ def check(args: argparse.Namespace) -> str | None:
         return "--comment-rate must be from 0 to 1"
     if args.batch is not None and args.batch < 1:
         return "--batch must be at least 1"
-    return None
+    from bench.personal.users import USERS   # the proxy's package: imported only once the numbers are good
+
+    unknown = [u for u in args.users if u not in USERS]
+    return f"unknown user {unknown[0]!r}; registered: {', '.join(sorted(USERS))}" if unknown else None
 
 
 def runs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -105,7 +106,8 @@ def proxy_argv(args: argparse.Namespace, variant: str, rubric: str, seed: int, o
     m = MODELS[args.model]
     argv = ["--model", args.model, "--output", str(out), "--judge", "policy" if rubric == "llm" else "none",
             "--hint-source", "none", "--rubric", rubric, "--rubric-every", str(RUBRIC_EVERY),
-            "--batch", str(args.batch or m["batch"]), "--seed", str(seed), "--max-tokens", str(m["max_tokens"]), "--learner-nice", "0"]
+            "--batch", str(args.batch or m["batch"]), "--seed", str(seed), "--max-tokens", str(m["max_tokens"]),
+            "--learner-nice", "0"]
     argv += ["--no-train"] if variant == "none" else ["--mode", variant]
     return argv + [x for s in m["set"] for x in ("--set", s)]
 
@@ -118,6 +120,9 @@ def run_one(args: argparse.Namespace, user_name: str, variant: str, rubric: str,
 
     from nextstate.train.proxy.__main__ import build, parser as proxy_parser
     from nextstate.train.proxy.app import serving
+
+    from bench.personal.judge import ReplyHints, ReplyJudge
+    from bench.personal.users import make_user
 
     start = time.monotonic()
     proxy = build(proxy_parser().parse_args(proxy_argv(args, variant, rubric, seed, out)))
