@@ -9,8 +9,8 @@ Both read a turn's next state, the user's reply, in words, through the proxy's j
 * :class:`ReplyJudge`: a reply that asks for a change or asks again votes -1, one that only
   thanks votes +1; a reply that says nothing of the answer (``Okay.``) votes 0, unless the rubric
   holds stated preferences: then the answer itself is checked against those the rubric names
-  (bold, numbered steps, plain paragraphs, specific, friendly, what to try next), +1 if it meets
-  them all, else -1. Without a rubric (``--rubric off``) such turns carry no vote.
+  (bold, numbered steps, plain paragraphs, specific: any number, friendly, what to try next), +1
+  if it meets them all, else -1. Without a rubric (``--rubric off``) such turns carry no vote.
 * :class:`ReplyHints`: the hint is the user's correction itself; for a silent reply, the
   rubric's lines the answer does not meet.
 """
