@@ -196,8 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                 for variant, rubric in runs_of(args):
                     name = f"{variant}/{rubric}"
                     print(f"[bench.personal] {user} {name} seed {seed}", file=sys.stderr, flush=True)
-                    found.setdefault(name, []).append(
-                        run_one(args, user, variant, rubric, seed, root / user / f"{variant}-{rubric}-seed{seed}"))
+                    try:
+                        run = run_one(args, user, variant, rubric, seed, root / user / f"{variant}-{rubric}-seed{seed}")
+                    except Exception as e:   # a proxy that cannot start or answer: one line, not a traceback
+                        first = str(e).splitlines()[0] if str(e) else ""
+                        print(f"error: {user} {name} seed {seed}: {type(e).__name__}: {first}", file=sys.stderr)
+                        return 2 if type(e).__name__ == "ConfigError" else 1
+                    found.setdefault(name, []).append(run)
             variants = {name: summarize(runs, args.blocks) for name, runs in found.items()}
             control = variants.get("none/off")
             users[user] = {"interactions": args.interactions or PAPER_INTERACTIONS[user], "variants": variants,
