@@ -11,6 +11,12 @@
   saturation test: ``parallel_steps_per_s``, ``parallel_step_ms_p99``), and
   each stepping once per ``--pace`` seconds as agents waiting on a model do
   (``paced_step_ms_p99``);
+- ``--transports exec fifo``: the pool's figures above once per shell transport
+  (``SandboxSpec.transport``: the ``docker exec`` stream, or FIFOs around ``dockerd``), in
+  ``by_transport`` (the first's also at the top level), each with ``transport_step_ms_p50`` (one
+  sandbox, steps back to back) and ``parallel_cpu_ms_per_step``: the machine CPU per saturated
+  step spent by this process (``client``), ``dockerd``, the containerd shims and the sandboxes'
+  own processes (their shells), with the load average around it;
 - ``idle_rss_mb_per_sandbox``: resident memory of an idle sandbox's processes
   on the host (its container's processes and its containerd shim);
 - ``reset``: what a pool pays per episode to hand out a clean sandbox, after an episode that
@@ -23,12 +29,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -125,45 +133,45 @@ def reset_costs(image: str, client: docker.DockerClient, n: int) -> dict[str, fl
             "times": n}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object only")
-    ap.add_argument("--parallel", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=300, help="sequential steps timed")
-    ap.add_argument("--parallel-rounds", type=int, default=20)
-    ap.add_argument("--pace", type=float, default=0.5,
-                    help="seconds between one sandbox's steps in the paced run")
-    ap.add_argument("--image", default="nextstate/terminal:latest")
-    ap.add_argument("--resets", type=int, default=10, help="verified resets timed, and as many new sandboxes")
-    args = ap.parse_args()
-    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
-    client = docker.from_env()
-    image = containers.ensure_image("terminal", client=client) if args.image.startswith("nextstate/terminal") else args.image
-    res: dict[str, float | int] = {}
+def cpu_by_part() -> dict[str, float]:
+    """CPU seconds spent so far by this process (``client``), ``dockerd``, the containerd shims
+    (``shim``) and the processes they started (``sandboxes``: the containers' shells)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[str, int, float]] = {}
+    for p in Path("/proc").iterdir():
+        try:
+            text = (p / "stat").read_text()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[1].split()
+        stats[int(p.name)] = (text[text.index("(") + 1:text.rindex(")")], int(fields[1]),
+                              (int(fields[11]) + int(fields[12])) / hz)
+    parts = {"client": time.process_time(), "dockerd": 0.0, "shim": 0.0, "sandboxes": 0.0}
+    shims = {pid for pid, (comm, _, _) in stats.items() if comm.startswith("containerd-shim")}
 
-    say("single sandbox: persistent shell vs docker exec ...")
-    sb = DockerSandbox(SandboxSpec(image=image), client, containers.owner_labels("bench-sandbox"))
-    try:
-        timed(lambda: sb.run("true"), 20)
-        steps = timed(lambda: sb.run("true"), args.steps)
-        cli = timed(lambda: subprocess.run(["docker", "exec", sb.container.id, "true"], check=True), 40)
-        api = timed(lambda: sb.container.exec_run(["true"]), 40)
-    finally:
-        sb.close()
-    res.update(step_ms_p50=ms(steps, .5), step_ms_p99=ms(steps, .99),
-               docker_exec_ms_p50=ms(cli, .5), docker_exec_api_ms_p50=ms(api, .5))
+    def under_shim(pid: int) -> bool:
+        for _ in range(64):
+            pid = stats[pid][1] if pid in stats else 0
+            if pid in shims:
+                return True
+            if pid <= 1:
+                return False
+        return False
+    for pid, (comm, _, cpu) in stats.items():
+        part = "dockerd" if comm == "dockerd" else "shim" if pid in shims else \
+            "sandboxes" if under_shim(pid) else None
+        if part:
+            parts[part] += cpu
+    return parts
 
-    say("verified reset vs a new sandbox ...")
-    res["reset"] = reset_costs(image, client, args.resets)
 
-    say("cold starts ...")
-    cold = timed(lambda: client.containers.run(image, ["true"], remove=True, network_mode="none",
-                                               labels=containers.owner_labels("bench-cold")), 10)
-    res["cold_start_ms_p50"] = ms(cold, .5)
-
-    say(f"pool of {args.parallel}: warming up ...")
+def stepping_figures(image: str, transport: str, args: argparse.Namespace, say) -> dict[str, Any]:
+    """A pool of ``args.parallel`` sandboxes whose shells use ``transport``: lease times, idle
+    memory, steps back to back (saturated, with the machine CPU per step by part) and paced."""
+    res: dict[str, Any] = {}
+    say(f"pool of {args.parallel} ({transport}): warming up ...")
     t0 = time.perf_counter()
-    with SandboxPool(image, size=args.parallel, backend="docker", reset="reuse") as pool:
+    with SandboxPool(image, size=args.parallel, backend="docker", reset="reuse", transport=transport) as pool:
         pool.wait_ready(1800)
         res["pool_fill_s"] = round(time.perf_counter() - t0, 1)
         leases = []
@@ -178,6 +186,7 @@ def main() -> None:
         res["lease_ms_p50"] = ms(leases, .5)
         boxes = [pool.lease() for _ in range(args.parallel)]
         res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[:16]), 2)
+        single = timed(lambda: boxes[0].run("true"), args.steps)
 
         def stepping(pace: float) -> tuple[list[float], float]:
             """Every sandbox steps ``parallel_rounds`` times, back to back (pace 0)
@@ -211,15 +220,65 @@ def main() -> None:
             return lat, time.perf_counter() - t
 
         say(f"{args.parallel} sandboxes stepping back to back ...")
+        cpu0, load0 = cpu_by_part(), os.getloadavg()[0]
         lat, wall = stepping(0.0)
+        cpu1, load1 = cpu_by_part(), os.getloadavg()[0]
         say(f"{args.parallel} sandboxes stepping once per {args.pace}s each ...")
         paced, _ = stepping(args.pace)
         for b in boxes:
             pool.release(b)
-    res.update(parallel=args.parallel, parallel_steps_per_s=round(len(lat) / wall, 1),
+    res.update(transport=transport, transport_step_ms_p50=ms(single, .5),
+               parallel=args.parallel, parallel_steps_per_s=round(len(lat) / wall, 1),
                parallel_step_ms_p50=ms(lat, .5), parallel_step_ms_p99=ms(lat, .99),
+               parallel_cpu_ms_per_step={k: round((cpu1[k] - cpu0[k]) / len(lat) * 1000, 3) for k in cpu0},
+               parallel_load_avg=[round(load0, 2), round(load1, 2)],
                paced_interval_s=args.pace, paced_step_ms_p50=ms(paced, .5),
                paced_step_ms_p99=ms(paced, .99))
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object only")
+    ap.add_argument("--parallel", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=300, help="sequential steps timed")
+    ap.add_argument("--parallel-rounds", type=int, default=20)
+    ap.add_argument("--pace", type=float, default=0.5,
+                    help="seconds between one sandbox's steps in the paced run")
+    ap.add_argument("--image", default="nextstate/terminal:latest")
+    ap.add_argument("--transports", nargs="+", default=["exec"], choices=["exec", "fifo"],
+                    help="shell transports (SandboxSpec.transport) to run the pool's stepping with, one after the other")
+    ap.add_argument("--resets", type=int, default=10, help="verified resets timed, and as many new sandboxes")
+    args = ap.parse_args()
+    say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
+    client = docker.from_env()
+    image = containers.ensure_image("terminal", client=client) if args.image.startswith("nextstate/terminal") else args.image
+    res: dict[str, float | int] = {}
+
+    say("single sandbox: persistent shell vs docker exec ...")
+    sb = DockerSandbox(SandboxSpec(image=image), client, containers.owner_labels("bench-sandbox"))
+    try:
+        timed(lambda: sb.run("true"), 20)
+        steps = timed(lambda: sb.run("true"), args.steps)
+        cli = timed(lambda: subprocess.run(["docker", "exec", sb.container.id, "true"], check=True), 40)
+        api = timed(lambda: sb.container.exec_run(["true"]), 40)
+    finally:
+        sb.close()
+    res.update(step_ms_p50=ms(steps, .5), step_ms_p99=ms(steps, .99),
+               docker_exec_ms_p50=ms(cli, .5), docker_exec_api_ms_p50=ms(api, .5))
+
+    say("verified reset vs a new sandbox ...")
+    res["reset"] = reset_costs(image, client, args.resets)
+
+    say("cold starts ...")
+    cold = timed(lambda: client.containers.run(image, ["true"], remove=True, network_mode="none",
+                                               labels=containers.owner_labels("bench-cold")), 10)
+    res["cold_start_ms_p50"] = ms(cold, .5)
+
+    by_transport = {t: stepping_figures(image, t, args, say) for t in args.transports}
+    res.update(by_transport[args.transports[0]])
+    if len(args.transports) > 1:
+        res["by_transport"] = by_transport
     res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
     res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)
     report(res, args.json)

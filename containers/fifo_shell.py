@@ -19,6 +19,7 @@ that ended). :func:`reap_shell_dirs` removes the directories of dead owners, as
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import select
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 SHELL_ROOT = Path(os.environ.get("NEXTSTATE_SHELL_DIR", "/run/nextstate/shells"))
 MOUNT = "/.nextstate-shell"   # where the container sees its FIFOs (read-only)
 STDOUT, STDERR = 1, 2
+PIPE_SIZE = 1 << 20   # bytes each output FIFO holds unread
 
 
 class FifoUnavailable(RuntimeError):
@@ -72,6 +74,11 @@ class FifoShell:
         self._in = os.open(self.dir / names["in"], os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         self._out = {stream: os.open(self.dir / names[n], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                      for stream, n in ((STDOUT, "out"), (STDERR, "err"))}
+        for fd in self._out.values():   # as roomy as the engine's relay: a background flood between commands
+            try:                          # does not block its writer
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass   # above /proc/sys/fs/pipe-max-size: the default 64 KiB
         for kind in ("in", "out", "err"):
             (self.dir / f"{kind}.{old}").unlink(missing_ok=True)
         inside = {k: f"{MOUNT}/{n}" for k, n in names.items()}
@@ -80,7 +87,11 @@ class FifoShell:
 
     @property
     def is_open(self) -> bool:
-        return self._in is not None
+        """Whether the host's ends are open (and were not closed under this object)."""
+        try:
+            return self._in is not None and os.fstat(self._in) is not None
+        except OSError:
+            return False
 
     def send(self, data: bytes, timeout: float = 30.0) -> None:
         """Write all of ``data`` to the shell's stdin; ``OSError`` when it takes no byte for ``timeout`` s."""
@@ -112,10 +123,15 @@ class FifoShell:
                 data = os.read(fd, 1 << 16)
             except BlockingIOError:
                 continue
+            except OSError:   # closed under us (EBADF): as good as ended
+                data = b""
             if data:
                 chunks.append((stream, data))
             else:   # every writer closed it
-                os.close(fd)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
                 del self._out[stream]
         return chunks if chunks or self._out else None
 
@@ -146,7 +162,7 @@ def reap_shell_dirs(run_id: str | None = None) -> int:
     for d in dirs:
         pid, _, rest = d.name.partition(".")
         run = rest.rpartition(".")[0]
-        mine = run == run_id if run_id is not None else not (pid.isdigit() and pid_alive(int(pid)))
+        mine = run == run_id.replace("/", "_") if run_id is not None else not (pid.isdigit() and pid_alive(int(pid)))
         if mine:
             shutil.rmtree(d, ignore_errors=True)
             removed += 1

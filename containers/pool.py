@@ -489,6 +489,15 @@ class SandboxPool:
         return [sb for sb in idle if getattr(sb, "_pool_client", None) in running
                 and sb.id not in running[sb._pool_client]]  # type: ignore[attr-defined]
 
+    def drop_idle(self, n: int) -> int:
+        """Remove up to ``n`` idle sandboxes (in the background; a warm pool starts as many again);
+        returns how many."""
+        with self._lock:
+            dropped = [self._ready.pop() for _ in range(min(n, len(self._ready)))]
+        for sb in dropped:
+            self._replace(sb)
+        return len(dropped)
+
     def stats(self) -> dict[str, int]:
         """Counts of ready, leased and starting (or resetting) sandboxes, and of resets verified
         and discarded."""

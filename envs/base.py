@@ -41,6 +41,7 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from nextstate.envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
+from nextstate.containers.image_pools import ImagePools
 from nextstate.containers.pool import PoolTimeout, SandboxPool
 from nextstate.containers.protocol import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
@@ -157,8 +158,11 @@ class NextStateEnv(gymnasium.Env):
         tasks: where the tasks come from (see :meth:`load_tasks`); ``None`` is
             the family's built-in set.
         pool: a shared :class:`SandboxPool` to lease from; without one (or for
-            a task whose sandbox differs from the pool's) the env makes its own
-            pools of size 1 and closes them in :meth:`close`.
+            a task whose sandbox differs from the pool's) the env leases from
+            ``image_pools`` or, without those, makes its own pools of size 1 and
+            closes them in :meth:`close`.
+        image_pools: per-image pools shared with other envs (an env factory's:
+            :class:`~containers.image_pools.ImagePools`); their owner closes them.
         max_steps: steps before truncation (default ``default_max_steps``).
         step_timeout: default seconds a command may run.
         lease_timeout: seconds to wait for a free sandbox.
@@ -206,7 +210,7 @@ class NextStateEnv(gymnasium.Env):
         return isinstance(task.data, dict) and task.data.get("image", cls.image) != cls.image
 
     def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
-                 max_steps: int | None = None, step_timeout: float = 30.0,
+                 image_pools: ImagePools | None = None, max_steps: int | None = None, step_timeout: float = 30.0,
                  lease_timeout: float | None = 600.0, render_mode: str | None = None,
                  **pool_kwargs: Any):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -224,6 +228,7 @@ class NextStateEnv(gymnasium.Env):
                 raise ValueError(f"duplicate task id {t.id!r}")
             self._by_id[t.id] = t
         self.pool = pool
+        self.image_pools = image_pools
         self.pool_kwargs = pool_kwargs
         self.max_steps = max_steps or self.default_max_steps
         self.step_timeout = step_timeout
@@ -426,11 +431,14 @@ class NextStateEnv(gymnasium.Env):
         raise KeyError(f"unknown task {choice!r} ({len(self._by_id)} tasks, e.g. {known})")
 
     def _pool_for(self, task: Task) -> SandboxPool:
-        """The shared pool when its sandboxes fit the task, else a private pool for the task's spec."""
+        """The shared pool when its sandboxes fit the task, else the pool for the task's spec: the
+        shared ``image_pools``' or, without those, a private one."""
         overrides = self.sandbox_overrides(task)
         if self.pool is not None and all(getattr(self.pool.spec, k) == v for k, v in overrides.items()):
             return self.pool
         key = json.dumps(overrides, sort_keys=True)
+        if self.image_pools is not None:
+            return self.image_pools.get(key, lambda size: self.make_pool(size, **{**self.pool_kwargs, **overrides}))
         pool = self._private.pop(key, None)
         if pool is None:
             pool = self.make_pool(1, **{**self.pool_kwargs, **overrides})
