@@ -139,6 +139,8 @@ def cpu_by_part() -> dict[str, float]:
     hz = os.sysconf("SC_CLK_TCK")
     stats: dict[int, tuple[str, int, float]] = {}
     for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
         try:
             text = (p / "stat").read_text()
         except OSError:

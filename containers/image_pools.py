@@ -16,10 +16,11 @@ and ``python -m containers reap`` removes what a dead process left.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Callable
 
 from nextstate.containers.pool import SandboxPool
+from nextstate.containers.protocol import Sandbox
 
 
 class ImagePools:
@@ -35,33 +36,42 @@ class ImagePools:
             raise ValueError(f"size must be at least 1 and max_idle at least 0, got {size} and {max_idle}")
         self.size, self.max_idle = size, max_idle
         self._pools: OrderedDict[str, SandboxPool] = OrderedDict()   # least recently used first
+        self._waiting: Counter[SandboxPool] = Counter()   # leases under way, per pool
         self._lock = threading.Lock()
         self._closed = False
 
-    def get(self, key: str, make: Callable[[int], SandboxPool]) -> SandboxPool:
-        """The pool for ``key`` (``make(size)`` builds it the first time), after trimming the others."""
+    def lease(self, key: str, make: Callable[[int], SandboxPool],
+              timeout: float | None = None) -> tuple[SandboxPool, Sandbox]:
+        """A sandbox of the pool for ``key`` (``make(size)`` builds the pool the first time), and
+        that pool; the other pools are trimmed first. Waits up to ``timeout`` s, as
+        :meth:`SandboxPool.lease <containers.pool.SandboxPool.lease>` does."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the shared image pools are closed")
-            pool = self._pools.pop(key, None)
-            if pool is None:
-                pool = make(self.size)
+            pool = self._pools.pop(key, None) or make(self.size)
             self._pools[key] = pool   # most recently used last
-            empty = self._trim(keep=pool)
+            self._waiting[pool] += 1   # never closed while a lease of it is under way
+            empty = self._trim()
         for p in empty:
             p.close()
-        return pool
+        try:
+            return pool, pool.lease(timeout=timeout)
+        finally:
+            with self._lock:
+                self._waiting[pool] -= 1
+                if not self._waiting[pool]:
+                    del self._waiting[pool]
 
-    def _trim(self, keep: SandboxPool) -> list[SandboxPool]:
+    def _trim(self) -> list[SandboxPool]:
         """(Lock held.) Drop idle sandboxes past ``max_idle``, oldest pools first; take out the pools
-        left with none (returned, to be closed outside the lock)."""
+        left with none and no lease under way (returned, to be closed outside the lock)."""
         idle = sum(p.stats()["ready"] for p in self._pools.values())
         for p in self._pools.values():
             if idle <= self.max_idle:
                 break
-            if p is not keep:
+            if not self._waiting[p]:
                 idle -= p.drop_idle(idle - self.max_idle)
-        empty = [k for k, p in self._pools.items() if p is not keep and not any(
+        empty = [k for k, p in self._pools.items() if not self._waiting[p] and not any(
             p.stats()[s] for s in ("ready", "leased", "starting"))]
         return [self._pools.pop(k) for k in empty]
 

@@ -305,9 +305,7 @@ class NextStateEnv(gymnasium.Env):
         if self._sandbox is None:
             if self.task is None or self._ended:
                 raise ResetNeeded("no episode is running: call reset() first")
-            pool = self._pool_for(self.task)
-            self._sandbox = pool.lease(timeout=self.lease_timeout)
-            self._sandbox_pool = pool
+            self._sandbox_pool, self._sandbox = self._lease(self.task)
         return self._sandbox
 
     def command_timeout_cap(self) -> float:
@@ -430,15 +428,21 @@ class NextStateEnv(gymnasium.Env):
         known = ", ".join(list(self._by_id)[:10])
         raise KeyError(f"unknown task {choice!r} ({len(self._by_id)} tasks, e.g. {known})")
 
-    def _pool_for(self, task: Task) -> SandboxPool:
-        """The shared pool when its sandboxes fit the task, else the pool for the task's spec: the
-        shared ``image_pools``' or, without those, a private one."""
+    def _lease(self, task: Task) -> tuple[SandboxPool, Sandbox]:
+        """A sandbox for ``task`` and its pool: the shared pool's when its sandboxes fit the task,
+        else one of the pool for the task's spec, the shared ``image_pools``' or a private one."""
         overrides = self.sandbox_overrides(task)
         if self.pool is not None and all(getattr(self.pool.spec, k) == v for k, v in overrides.items()):
-            return self.pool
+            return self.pool, self.pool.lease(timeout=self.lease_timeout)
         key = json.dumps(overrides, sort_keys=True)
         if self.image_pools is not None:
-            return self.image_pools.get(key, lambda size: self.make_pool(size, **{**self.pool_kwargs, **overrides}))
+            return self.image_pools.lease(key, lambda size: self.make_pool(size, **{**self.pool_kwargs, **overrides}),
+                                          self.lease_timeout)
+        pool = self._private_pool(key, overrides)
+        return pool, pool.lease(timeout=self.lease_timeout)
+
+    def _private_pool(self, key: str, overrides: dict[str, Any]) -> SandboxPool:
+        """This env's own pool for the spec ``overrides`` (the ``max_private_pools`` latest kept)."""
         pool = self._private.pop(key, None)
         if pool is None:
             pool = self.make_pool(1, **{**self.pool_kwargs, **overrides})
