@@ -57,7 +57,7 @@ def test_fifos_closed_under_the_sandbox_are_a_clear_error(fifo_box):
         fifo_box.run("echo hi", timeout=5)
 
 
-def test_a_remote_engine_falls_back_to_the_exec_stream(caplog):
+def test_a_remote_engine_falls_back_to_the_exec_stream():
     assert DockerSandbox._fifos("fifo", False, {}) is None
     with pytest.raises(SandboxConfigError, match="transport must be exec or fifo"):
         DockerSandbox._fifos("pipes", True, {})
