@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 
 def busy_cpu_s() -> float | None:
@@ -31,3 +32,37 @@ def report(figures: dict[str, Any], as_json: bool) -> None:
     width = max(map(len, figures), default=0)
     for key, value in figures.items():
         print(f"{key:>{width}}: {value}")
+
+
+def finish(name: str, figures: Callable[[], dict[str, Any]], as_json: bool,
+           errors: tuple[type[BaseException], ...] = (FileNotFoundError,), *, model: str | None = None) -> int:
+    """A bench's exit: ``figures()`` printed by :func:`report` (0), or one of ``errors`` (or a
+    ``model`` that cannot be loaded here, checked first) said in one line on stderr as
+    ``name: why`` (1)."""
+    from nextstate.train.config import ConfigError
+    from nextstate.train.wiring import check_model
+
+    try:
+        if model is not None:
+            check_model(model)
+        result = figures()
+    except (ConfigError, *errors) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    report(result, as_json)
+    return 0
+
+
+def outdir_runs(policy: Any, tasks: str, plan_of: Any, parallel: int = 4) -> list[list[Any]]:
+    """The ``train.sft.Example``s (each with its action and next state) of ``plan_of(task)`` played on
+    every ``outdir`` task of ``tasks``, in real sandboxes, one list per episode."""
+    from nextstate.agents.chat import ChatConfig
+    from nextstate.envs.terminal import TerminalEnv, outdir
+    from nextstate.train.sft import oracle_runs
+
+    pool = TerminalEnv.make_pool(parallel)
+    try:
+        return oracle_runs(lambda: TerminalEnv(tasks=tasks, pool=pool), outdir.load(tasks), policy, ChatConfig(),
+                           parallel, plan_of=plan_of)
+    finally:
+        pool.close()

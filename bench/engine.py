@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from bench import report
+from bench import finish, outdir_runs
 
 SYSTEM = "You are a careful shell assistant. Answer with one bash command and one sentence on why."
 TASKS = ["count the lines of {f}", "show the last 5 lines of {f}", "make the directory {f}.d",
@@ -46,7 +46,6 @@ def short_prompts(n: int) -> list[tuple[list[dict], None]]:
 def agent_prompts(policy: Any, n: int) -> list[tuple[list[dict], list[dict] | None]]:
     """``n`` of the agent loop's prompts (messages, tools): the steps after the first of ``outdir``
     reference runs (each holds the word the episode read, so no two episodes' prompts are equal)."""
-    from bench.opd_probe import outdir_runs
 
     runs = outdir_runs(policy, f"outdir:0:{-(-n // 3)}", lambda t: t.data["oracle"], 4)
     return [(e.messages, e.tools) for ep in runs for e in ep[1:]][:n]
@@ -131,13 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs of each path per level, in turns")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
-    try:
-        figures = run(args.model, args.levels, args.max_tokens, args.repeats, args.prompts)
-    except FileNotFoundError as exc:
-        print(f"bench.engine: {exc}", file=sys.stderr)
-        return 1
-    report(figures, args.json)
-    return 0
+    return finish("bench.engine", lambda: run(args.model, args.levels, args.max_tokens, args.repeats, args.prompts),
+                  args.json, model=args.model)
 
 
 if __name__ == "__main__":

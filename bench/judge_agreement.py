@@ -29,8 +29,7 @@ import sys
 import time
 from typing import Any
 
-from bench import report
-from bench.opd_probe import outdir_runs
+from bench import outdir_runs, report
 
 
 def requests(runs: list[list[Any]]) -> list[Any]:

@@ -41,24 +41,9 @@ import sys
 import time
 from typing import Any
 
-from bench import report
+from bench import finish, outdir_runs
 
 log = logging.getLogger(__name__)
-
-
-def outdir_runs(policy: Any, tasks: str, plan_of: Any, parallel: int = 4) -> list[list[Any]]:
-    """The ``train.sft.Example``s (each with its action and next state) of ``plan_of(task)`` played on
-    every ``outdir`` task of ``tasks``, in real sandboxes, one list per episode."""
-    from nextstate.agents.chat import ChatConfig
-    from nextstate.envs.terminal import TerminalEnv, outdir
-    from nextstate.train.sft import oracle_runs
-
-    pool = TerminalEnv.make_pool(parallel)
-    try:
-        return oracle_runs(lambda: TerminalEnv(tasks=tasks, pool=pool), outdir.load(tasks), policy, ChatConfig(),
-                           parallel, plan_of=plan_of)
-    finally:
-        pool.close()
 
 
 def failed_writes(policy: Any, steps: int, parallel: int = 4) -> list[Any]:
@@ -182,13 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        figures = probe(args.model, args.steps, args.updates, args.lr, args.seed, args.parallel)
-    except (RuntimeError, FileNotFoundError, ValueError) as exc:
-        print(f"bench.opd_probe: {exc}", file=sys.stderr)
-        return 1
-    report(figures, args.json)
-    return 0
+    return finish("bench.opd_probe", lambda: probe(args.model, args.steps, args.updates, args.lr, args.seed,
+                                                   args.parallel),
+                  args.json, (RuntimeError, FileNotFoundError, ValueError), model=args.model)
 
 
 if __name__ == "__main__":

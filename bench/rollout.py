@@ -35,7 +35,9 @@ have images of their own, and each episode starts its sandbox (as in training).
 ``--resets replace verified`` runs the levels once per pool reset (``env.sandbox_reset``:
 a fresh sandbox per episode, or the same one after a verified reset), one after the other in
 the same run; the figures above then sit under ``by_reset``, keyed by the reset, with each
-reset's sandboxes ``reused`` and ``discarded`` (over every pool the run made).
+reset's sandboxes ``reused`` and ``discarded`` (over every pool the run made). ``--image-pools
+per-env shared`` runs each reset once per kind of per-image pools (``env.image_pools``: each env's
+own, or shared by all the envs of the run); the keys are then ``<reset>/<pools>``.
 """
 
 from __future__ import annotations
@@ -150,6 +152,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                        own, wall, samples),
                 }
         finally:
+            factory.close()
             if pool is not None:
                 pool.close()
         return per_level
@@ -158,12 +161,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     reuse: dict[str, dict[str, int]] = {}
     generation = None
     try:
-        for reset in args.resets:
+        runs = [(reset, pools) for pools in args.image_pools for reset in args.resets]
+        for reset, pools in runs:
+            key = reset if len(args.image_pools) == 1 else f"{reset}/{pools}"
             before = dict(SandboxPool.all_resets)
-            by_reset[reset] = await levels_run(replace(cfg, env=replace(cfg.env, sandbox_reset=reset)), levels,
-                                               reset == args.resets[-1])
-            reuse[reset] = {"reused": SandboxPool.all_resets["verified"] - before.get("verified", 0),
-                            "discarded": SandboxPool.all_resets["discarded"] - before.get("discarded", 0)}
+            env = replace(cfg.env, sandbox_reset=reset, image_pools=pools)
+            by_reset[key] = await levels_run(replace(cfg, env=env), levels, (reset, pools) == runs[-1])
+            reuse[key] = {"reused": SandboxPool.all_resets["verified"] - before.get("verified", 0),
+                          "discarded": SandboxPool.all_resets["discarded"] - before.get("discarded", 0)}
         record, alone = False, recorded[:args.replay]
         if alone:   # none when every episode of the top level aborted before acting
             one_at_a_time = await replay(policy, alone[:max(1, len(alone) // 8)], 1)
@@ -217,6 +222,9 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", help="local model (a preset, a path or a hub name) acting and judging")
     ap.add_argument("--resets", nargs="+", default=["replace"], choices=["replace", "verified"],
                     help="pool resets to run the levels with, one after the other (env.sandbox_reset)")
+    ap.add_argument("--image-pools", nargs="+", default=["shared"], choices=["shared", "per-env"],
+                    help="per-image pools shared by the factory's envs, or each env's own (env.image_pools); "
+                         "with several, every reset runs once with each")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("overrides", nargs="*", help="config overrides (KEY=VALUE, as for python -m train), "
                     "e.g. env.sandbox_disk=null")

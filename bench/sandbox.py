@@ -11,6 +11,14 @@
   saturation test: ``parallel_steps_per_s``, ``parallel_step_ms_p99``), and
   each stepping once per ``--pace`` seconds as agents waiting on a model do
   (``paced_step_ms_p99``);
+- ``parallel_cpu_ms_per_step``: the CPU per saturated step spent by this process (``client``),
+  ``dockerd``, the pool's containerd shims and everything in its containers (``sandboxes``: their
+  cgroups, i.e. the shells), with the load average around each saturated run;
+- ``--transports exec fifo``: the pool's figures above once per shell transport
+  (``SandboxSpec.transport``: the ``docker exec`` stream, or FIFOs around ``dockerd``), in
+  ``by_transport`` (the first's also at the top level), each with ``transport_step_ms_p50`` (one
+  sandbox of the pool, steps back to back). The pools are alive at once and step in turn,
+  ``--repeats`` times, so load that drifts meanwhile falls on every transport alike;
 - ``idle_rss_mb_per_sandbox``: resident memory of an idle sandbox's processes
   on the host (its container's processes and its containerd shim);
 - ``reset``: what a pool pays per episode to hand out a clean sandbox, after an episode that
@@ -23,12 +31,16 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
+import os
 import random
 import statistics
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -125,6 +137,121 @@ def reset_costs(image: str, client: docker.DockerClient, n: int) -> dict[str, fl
             "times": n}
 
 
+def _cgroup_cpu_s(init_pid: int) -> float:
+    """CPU seconds the cgroup of the container whose init is ``init_pid`` has used (v1 or v2)."""
+    root = Path("/sys/fs/cgroup")
+    for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            return int((root / "cpuacct" / path.lstrip("/") / "cpuacct.usage").read_text()) / 1e9
+        if not controllers:
+            stat = (root / path.lstrip("/") / "cpu.stat").read_text()
+            return int(stat.split("usage_usec", 1)[1].split()[0]) / 1e6
+    raise OSError(f"no cpu cgroup for pid {init_pid}")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_part(boxes: list[DockerSandbox]) -> dict[str, float]:
+    """CPU seconds spent so far by this process (``client``), ``dockerd``, the containerd shims of
+    ``boxes`` (``shim``) and everything in their containers (``sandboxes``: their cgroups)."""
+    inits = [b._init_pid for b in boxes]
+    shims = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in inits}
+    dockerd = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+               and (p / "comm").exists() and (p / "comm").read_text().strip() == "dockerd"]
+    return {"client": time.process_time(), "dockerd": sum(_proc_cpu_s(p) for p in dockerd),
+            "shim": sum(_proc_cpu_s(p) for p in shims), "sandboxes": sum(_cgroup_cpu_s(p) for p in inits)}
+
+
+def stepping(boxes: list[DockerSandbox], rounds: int, pace: float) -> tuple[list[float], float]:
+    """Every sandbox steps ``rounds`` times, back to back (pace 0) or once per ``pace`` seconds
+    from a random phase, as agents waiting on a model do: the latencies and the wall time."""
+    lat: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(boxes) + 1)
+
+    def worker(b, phase: float) -> None:
+        mine = []
+        barrier.wait()
+        start = time.perf_counter() + phase
+        for i in range(rounds):
+            if pace:
+                time.sleep(max(0.0, start + i * pace - time.perf_counter()))
+            t = time.perf_counter()
+            b.run("true")
+            mine.append(time.perf_counter() - t)
+        with lock:
+            lat.extend(mine)
+
+    threads = [threading.Thread(target=worker, args=(b, random.random() * pace)) for b in boxes]
+    for th in threads:
+        th.start()
+    barrier.wait()
+    t = time.perf_counter()
+    for th in threads:
+        th.join()
+    return lat, time.perf_counter() - t
+
+
+def transport_figures(image: str, args: argparse.Namespace, say) -> dict[str, dict[str, Any]]:
+    """A pool of ``args.parallel`` sandboxes per shell transport, all alive at once, stepped in
+    turn (``--repeats`` times each, so the machine's load drifts over all of them alike): lease
+    times, idle memory, one sandbox's steps, steps back to back (saturated, with the machine CPU
+    per step by part) and paced. With several transports the pools' sandboxes have no disk limit
+    (twice ``--parallel`` loop disks could be more than a host has)."""
+    spec = {} if len(args.transports) == 1 else {"disk": None}
+    figures: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack:
+        boxes: dict[str, list[DockerSandbox]] = {}
+        for transport in args.transports:
+            say(f"pool of {args.parallel} ({transport}): warming up ...")
+            t0 = time.perf_counter()
+            pool = stack.enter_context(SandboxPool(image, size=args.parallel, backend="docker", reset="reuse",
+                                                   transport=transport, **spec))
+            pool.wait_ready(1800)
+            res = figures[transport] = {"transport": transport, "pool_fill_s": round(time.perf_counter() - t0, 1)}
+            leases = []
+            for _ in range(3):
+                held = []
+                for _ in range(args.parallel):
+                    t = time.perf_counter()
+                    held.append(pool.lease())
+                    leases.append(time.perf_counter() - t)
+                for b in held:
+                    pool.release(b)
+            res["lease_ms_p50"] = ms(leases, .5)
+            boxes[transport] = [pool.lease() for _ in range(args.parallel)]
+            res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[transport][:16]), 2)
+        runs: dict[str, dict[str, Any]] = {t: {"single": [], "lat": [], "wall": 0.0, "paced": [], "load": [],
+                                               "cpu": collections.Counter()} for t in args.transports}
+        for rep in range(args.repeats):
+            for transport in args.transports:
+                mine, run = boxes[transport], runs[transport]
+                say(f"{transport}, round {rep + 1}: one sandbox, then {args.parallel} back to back, then paced ...")
+                run["single"] += timed(lambda: mine[0].run("true"), args.steps)
+                cpu0, load0 = cpu_by_part(mine), os.getloadavg()[0]
+                lat, wall = stepping(mine, args.parallel_rounds, 0.0)
+                cpu1 = cpu_by_part(mine)
+                run["lat"] += lat
+                run["wall"] += wall
+                run["cpu"].update({k: cpu1[k] - cpu0[k] for k in cpu0})
+                run["load"] += [round(load0, 2), round(os.getloadavg()[0], 2)]
+                run["paced"] += stepping(mine, args.parallel_rounds, args.pace)[0]
+    for transport, run in runs.items():
+        n = len(run["lat"])
+        figures[transport].update(
+            transport_step_ms_p50=ms(run["single"], .5), parallel=args.parallel, repeats=args.repeats,
+            parallel_steps_per_s=round(n / run["wall"], 1),
+            parallel_step_ms_p50=ms(run["lat"], .5), parallel_step_ms_p99=ms(run["lat"], .99),
+            parallel_cpu_ms_per_step={k: round(v / n * 1000, 3) for k, v in run["cpu"].items()},
+            parallel_load_avg=run["load"], paced_interval_s=args.pace,
+            paced_step_ms_p50=ms(run["paced"], .5), paced_step_ms_p99=ms(run["paced"], .99))
+    return figures
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
@@ -134,6 +261,10 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.5,
                     help="seconds between one sandbox's steps in the paced run")
     ap.add_argument("--image", default="nextstate/terminal:latest")
+    ap.add_argument("--transports", nargs="+", default=["exec"], choices=["exec", "fifo"],
+                    help="shell transports (SandboxSpec.transport) to run the pool's stepping with, one after the other")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="times each transport's pool steps (saturated, then paced), in turn with the others'")
     ap.add_argument("--resets", type=int, default=10, help="verified resets timed, and as many new sandboxes")
     args = ap.parse_args()
     say = (lambda *a: None) if args.json else (lambda *a: print(*a, flush=True))
@@ -161,65 +292,10 @@ def main() -> None:
                                                labels=containers.owner_labels("bench-cold")), 10)
     res["cold_start_ms_p50"] = ms(cold, .5)
 
-    say(f"pool of {args.parallel}: warming up ...")
-    t0 = time.perf_counter()
-    with SandboxPool(image, size=args.parallel, backend="docker", reset="reuse") as pool:
-        pool.wait_ready(1800)
-        res["pool_fill_s"] = round(time.perf_counter() - t0, 1)
-        leases = []
-        for _ in range(3):
-            boxes = []
-            for _ in range(args.parallel):
-                t = time.perf_counter()
-                boxes.append(pool.lease())
-                leases.append(time.perf_counter() - t)
-            for b in boxes:
-                pool.release(b)
-        res["lease_ms_p50"] = ms(leases, .5)
-        boxes = [pool.lease() for _ in range(args.parallel)]
-        res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[:16]), 2)
-
-        def stepping(pace: float) -> tuple[list[float], float]:
-            """Every sandbox steps ``parallel_rounds`` times, back to back (pace 0)
-            or once per ``pace`` seconds from a random phase, as agents waiting
-            on a model do."""
-            lat: list[float] = []
-            lock = threading.Lock()
-            barrier = threading.Barrier(len(boxes) + 1)
-
-            def worker(b, phase: float) -> None:
-                mine = []
-                barrier.wait()
-                start = time.perf_counter() + phase
-                for i in range(args.parallel_rounds):
-                    if pace:
-                        time.sleep(max(0.0, start + i * pace - time.perf_counter()))
-                    t = time.perf_counter()
-                    b.run("true")
-                    mine.append(time.perf_counter() - t)
-                with lock:
-                    lat.extend(mine)
-
-            threads = [threading.Thread(target=worker, args=(b, random.random() * pace))
-                       for b in boxes]
-            for th in threads:
-                th.start()
-            barrier.wait()
-            t = time.perf_counter()
-            for th in threads:
-                th.join()
-            return lat, time.perf_counter() - t
-
-        say(f"{args.parallel} sandboxes stepping back to back ...")
-        lat, wall = stepping(0.0)
-        say(f"{args.parallel} sandboxes stepping once per {args.pace}s each ...")
-        paced, _ = stepping(args.pace)
-        for b in boxes:
-            pool.release(b)
-    res.update(parallel=args.parallel, parallel_steps_per_s=round(len(lat) / wall, 1),
-               parallel_step_ms_p50=ms(lat, .5), parallel_step_ms_p99=ms(lat, .99),
-               paced_interval_s=args.pace, paced_step_ms_p50=ms(paced, .5),
-               paced_step_ms_p99=ms(paced, .99))
+    by_transport = transport_figures(image, args, say)
+    res.update(by_transport[args.transports[0]])
+    if len(args.transports) > 1:
+        res["by_transport"] = by_transport
     res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
     res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)
     report(res, args.json)

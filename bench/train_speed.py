@@ -28,8 +28,7 @@ import sys
 import time
 from typing import Any
 
-from bench import report
-from bench.opd_probe import outdir_runs
+from bench import finish, outdir_runs
 
 
 def samples(policy: Any, runs: list[list[Any]]) -> tuple[list[Any], list[Any], bool]:
@@ -96,7 +95,6 @@ def measure(model_name: str, episodes: int, updates: int, micro: int) -> dict[st
     import copy
 
     from nextstate.agents.hf_policy import HFPolicy
-    from nextstate.envs.terminal import outdir
 
     policy = HFPolicy(model_name)
     try:
@@ -150,13 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=4, help="samples per forward/backward")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
-    try:
-        figures = measure(args.model, args.episodes, args.updates, args.micro_batch)
-    except FileNotFoundError as exc:
-        print(f"bench.train_speed: {exc}", file=sys.stderr)
-        return 1
-    report(figures, args.json)
-    return 0
+    return finish("bench.train_speed", lambda: measure(args.model, args.episodes, args.updates, args.micro_batch),
+                  args.json, model=args.model)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from nextstate.containers.engine import connect
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"
 SUITE = "bookworm"
+PYTHON_OF_SUITE = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}   # each Debian release's own python3
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HASH_LABEL = "io.nextstate.image-hash"
 PROBE_IMAGE = ("debian", "bookworm-slim")
@@ -272,6 +273,23 @@ def suite_of(dirs: list[Path]) -> str:
         if words := listed(directory / "suite"):
             return words[0]
     return SUITE
+
+
+def stand_in_note(ref: str, local: str) -> str | None:
+    """What a task sees at once of a public base's stand-in that the original differs in, in one
+    line: another python3 than a ``python:3.X`` tag's, or Debian in place of Ubuntu; else None."""
+    name = known_name(local)
+    if name is None:
+        return None
+    suite = suite_of(chain(image_dir(name)))
+    ref = ref.removeprefix("docker.io/library/")
+    python = re.match(r"python:(\d+\.\d+)", ref)
+    if python and PYTHON_OF_SUITE.get(suite) not in (None, python.group(1)):
+        return (f"{ref} stands in as {local}: Debian {suite}, whose python3 is {PYTHON_OF_SUITE[suite]}, "
+                f"not {python.group(1)}")
+    if ref.startswith("ubuntu:"):
+        return f"{ref} stands in as {local}: Debian {suite}, not Ubuntu (apt-get takes the common Ubuntu names)"
+    return None
 
 
 def chain(directory: Path) -> list[Path]:
@@ -695,6 +713,8 @@ def build_image(
         with Progress(tag) as progress:
             progress.say(f"building {tag} from {source} on {', '.join(on) or 'its own FROM'} "
                          f"{'offline' if offline else 'online'}")
+            for note in filter(None, (stand_in_note(ref, local) for ref, local in mapped.items())):
+                progress.say(note)
             net = build_network(network)
             progress.say("the build has the network" if net is None else "the build has no network (--network=none)")
             if offline and ours and read_packages(directory):

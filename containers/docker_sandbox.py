@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from nextstate.containers.engine import RUN_LABEL
+from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
                                            SandboxSpec, _mib)
 
@@ -248,7 +250,14 @@ class DockerSandbox(Sandbox):
         self.client = client
         self._disk: Any = None   # a containers.disks.LoopDisk
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
-        self.container = self._create(spec, client, labels)
+        local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
+        self._pipes = self._fifos(spec.transport, local, labels)
+        try:
+            self.container = self._create(spec, client, labels)
+        except BaseException:
+            if self._pipes is not None:
+                self._pipes.remove()
+            raise
         try:
             self._attach_disk(labels)
             self.container.start()
@@ -268,13 +277,31 @@ class DockerSandbox(Sandbox):
         try:
             self.container.reload()
             self._init_pid = int(self.container.attrs["State"]["Pid"])
-            local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
             self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
             self._start_shell()
             self._fresh: dict[str, Any] | None = self._state() if baseline else None
         except BaseException:
             self.close()
             raise
+
+    _fifo_warned = False
+
+    @classmethod
+    def _fifos(cls, transport: str, local: bool, labels: dict[str, str]) -> FifoShell | None:
+        """The shell's FIFOs for ``transport="fifo"`` on a local engine; None for ``"exec"``, or
+        (with one warning) where this host cannot make them."""
+        if transport not in ("exec", "fifo"):
+            raise SandboxConfigError(f"transport must be exec or fifo, got {transport!r}")
+        why = None if local else "the engine is not local"
+        if transport == "exec" or why is None:
+            try:
+                return FifoShell(labels.get(RUN_LABEL, "-")) if transport == "fifo" else None
+            except FifoUnavailable as e:
+                why = str(e)
+        if not cls._fifo_warned:
+            cls._fifo_warned = True
+            log.warning("sandbox shells use the docker exec stream, not FIFOs: %s", why)
+        return None
 
     def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
         """Create the container, with the engine's storage quota when its driver has one."""
@@ -285,7 +312,8 @@ class DockerSandbox(Sandbox):
                   cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
                   security_opt=["no-new-privileges"],
                   pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
-                  nano_cpus=int(spec.cpus * 1e9), auto_remove=False)
+                  nano_cpus=int(spec.cpus * 1e9), auto_remove=False,
+                  volumes=self._pipes.bind() if self._pipes is not None else None)
         engine = str(client.api.base_url)
         if self._disk_limit is not None and self._quota_support.get(engine, True):
             try:
@@ -334,6 +362,17 @@ class DockerSandbox(Sandbox):
 
     def _open_shell(self) -> None:
         api = self.client.api
+        if self._pipes is not None:
+            try:
+                ex = api.exec_create(self.container.id, self._pipes.open(), user=self.spec.user,
+                                     workdir=self.spec.workdir, environment=self.spec.env)
+                self._exec_id = ex["Id"]
+                api.exec_start(ex["Id"], detach=True)
+            except Exception as e:  # docker.errors.APIError, connection errors, OSError (the FIFOs)
+                self._pipes.close()
+                raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
+            self._shell_host_pid = None
+            return
         try:
             ex = api.exec_create(self.container.id, ["bash", "--noprofile", "--norc"], stdin=True,
                                  user=self.spec.user, workdir=self.spec.workdir, environment=self.spec.env)
@@ -346,11 +385,16 @@ class DockerSandbox(Sandbox):
         self._shell_host_pid = None   # looked up when first needed
 
     def _send(self, data: bytes) -> None:
+        if self._pipes is not None:
+            self._pipes.send(data)
+            return
         assert self._sock is not None
         self._sock.settimeout(30)
         self._sock.sendall(data)
 
     def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
+        if self._pipes is not None:
+            return self._pipes.recv(timeout)
         assert self._sock is not None
         try:
             self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
@@ -372,6 +416,8 @@ class DockerSandbox(Sandbox):
         return chunks
 
     def _close_shell(self) -> None:
+        if self._pipes is not None:
+            self._pipes.close()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -576,7 +622,10 @@ class DockerSandbox(Sandbox):
         return info.get("ExitCode")
 
     def is_alive(self) -> bool:
-        if self.closed or self._sock is None or self._sock.fileno() < 0:
+        if self._pipes is not None:
+            if self.closed or not self._pipes.is_open:
+                return False
+        elif self.closed or self._sock is None or self._sock.fileno() < 0:
             return False
         try:
             self.container.reload()
@@ -589,6 +638,8 @@ class DockerSandbox(Sandbox):
             self.container.remove(force=True)
         except Exception as e:  # already gone, or the engine went away
             log.debug("removing %s: %s", self.id, e)
+        if self._pipes is not None:
+            self._pipes.remove()
         if self._disk is not None and not self._disk.release():
             log.warning("the disk of sandbox %s is still in use; `python -m containers reap` "
                         "removes it once its container is gone", self.id)

@@ -114,6 +114,7 @@ class SandboxPool:
         self._waiters: collections.deque[Callable[[Sandbox | None], bool]] = collections.deque()
         self._leased: set[Sandbox] = set()
         self._starting = 0
+        self._resetting = 0   # of those starting, the released sandboxes being reset
         self._failures: collections.deque[str] = collections.deque(maxlen=5)
         self.resets: collections.Counter[str] = collections.Counter()   # "verified" / "discarded" resets
         self.discard_reasons: collections.deque[str] = collections.deque(maxlen=5)   # the latest unverified resets'
@@ -376,9 +377,10 @@ class SandboxPool:
             raise PoolTimeout(self._timeout_message(timeout)) from None
 
     def _start_on_demand(self) -> None:
-        """(Lock held.) A pool that is not kept warm starts a sandbox for a waiting lease,
-        while fewer than ``size`` are leased or starting."""
-        if not self.warm and not self._closed and len(self._leased) + self._starting < self.size:
+        """(Lock held.) A pool that is not kept warm starts a sandbox for a waiting lease, while
+        fewer than ``size`` are leased or starting and no reset under way will serve that lease."""
+        if not self.warm and not self._closed and len(self._leased) + self._starting < self.size \
+                and len(self._waiters) > self._resetting:
             self._starting += 1
             self._workers.submit(self._start_one)
 
@@ -397,6 +399,7 @@ class SandboxPool:
             reuse = self.reset == "reuse" and not self._closed
             if self.reset == "verified" and not self._closed:
                 self._starting += 1   # counted as starting while it resets
+                self._resetting += 1
                 self._workers.submit(self._reset_one, sb)
                 return
         if reuse and sb.is_alive():
@@ -410,6 +413,7 @@ class SandboxPool:
         outcome = None if result is None else "verified" if result.verified else "discarded"
         with self._lock:
             self._starting -= 1
+            self._resetting -= 1
             if outcome:
                 self.resets[outcome] += 1
                 SandboxPool.all_resets[outcome] += 1
@@ -488,6 +492,15 @@ class SandboxPool:
             running[idx] = {c["Id"][:12] for c in listed}
         return [sb for sb in idle if getattr(sb, "_pool_client", None) in running
                 and sb.id not in running[sb._pool_client]]  # type: ignore[attr-defined]
+
+    def drop_idle(self, n: int) -> int:
+        """Remove up to ``n`` idle sandboxes (in the background; a warm pool starts as many again);
+        returns how many."""
+        with self._lock:
+            dropped = [self._ready.pop() for _ in range(min(n, len(self._ready)))]
+        for sb in dropped:
+            self._replace(sb)
+        return len(dropped)
 
     def stats(self) -> dict[str, int]:
         """Counts of ready, leased and starting (or resetting) sandboxes, and of resets verified

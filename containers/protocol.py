@@ -122,6 +122,10 @@ class SandboxSpec:
     default_timeout: float = 30.0
     disk: str | int | None = "2g"     # the writable layer's size limit; None: no limit
     command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    #: How the shell's streams reach this process: "exec" (a ``docker exec`` socket, relayed by
+    #: the engine) or "fifo" (FIFOs in a read-only bind mount, local engines only:
+    #: :mod:`containers.fifo_shell`). Default: ``NEXTSTATE_SHELL_TRANSPORT``, else "exec".
+    transport: str = field(default_factory=lambda: os.environ.get("NEXTSTATE_SHELL_TRANSPORT", "exec"))
 
 
 @dataclass

@@ -11,6 +11,7 @@ import requests
 
 from nextstate.containers.disks import reap_disks
 from nextstate.containers.engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
+from nextstate.containers.fifo_shell import reap_shell_dirs
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def reap(
     `all_hosts` widens either choice to containers owned by other hosts
     (whose owners cannot be checked, so all of them match the liveness test).
     With `disks`, the same choice of their loop-mounted disks (:mod:`containers.disks`)
-    goes too, after the containers that used them.
+    goes too, after the containers that used them, and so do the directories of their shells'
+    FIFOs (:mod:`containers.fifo_shell`; on this host only, by their owner's pid or `run_id`).
 
     An engine that does not answer a removal in time (a hung or overloaded ``dockerd``) does not
     fail the caller: that container is left for the next reap, with a warning, and so are the
@@ -82,4 +84,5 @@ def reap(
         removed += 1
     if disks and not pending:
         reap_disks(all_hosts=all_hosts, run_id=run_id)
+        reap_shell_dirs(run_id)
     return removed

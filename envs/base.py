@@ -41,6 +41,7 @@ import gymnasium
 from gymnasium.error import ResetNeeded
 
 from nextstate.envs.actions import MAX_ACTION_BYTES, ActionError, ToolCall, parse_action
+from nextstate.containers.image_pools import ImagePools
 from nextstate.containers.pool import PoolTimeout, SandboxPool
 from nextstate.containers.protocol import DEFAULT_IMAGE, CommandResult, Sandbox, SandboxError, unsendable
 
@@ -157,8 +158,11 @@ class NextStateEnv(gymnasium.Env):
         tasks: where the tasks come from (see :meth:`load_tasks`); ``None`` is
             the family's built-in set.
         pool: a shared :class:`SandboxPool` to lease from; without one (or for
-            a task whose sandbox differs from the pool's) the env makes its own
-            pools of size 1 and closes them in :meth:`close`.
+            a task whose sandbox differs from the pool's) the env leases from
+            ``image_pools`` or, without those, makes its own pools of size 1 and
+            closes them in :meth:`close`.
+        image_pools: per-image pools shared with other envs (an env factory's:
+            :class:`~containers.image_pools.ImagePools`); their owner closes them.
         max_steps: steps before truncation (default ``default_max_steps``).
         step_timeout: default seconds a command may run.
         lease_timeout: seconds to wait for a free sandbox.
@@ -206,7 +210,7 @@ class NextStateEnv(gymnasium.Env):
         return isinstance(task.data, dict) and task.data.get("image", cls.image) != cls.image
 
     def __init__(self, tasks: Any = None, *, pool: SandboxPool | None = None,
-                 max_steps: int | None = None, step_timeout: float = 30.0,
+                 image_pools: ImagePools | None = None, max_steps: int | None = None, step_timeout: float = 30.0,
                  lease_timeout: float | None = 600.0, render_mode: str | None = None,
                  **pool_kwargs: Any):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -224,6 +228,7 @@ class NextStateEnv(gymnasium.Env):
                 raise ValueError(f"duplicate task id {t.id!r}")
             self._by_id[t.id] = t
         self.pool = pool
+        self.image_pools = image_pools
         self.pool_kwargs = pool_kwargs
         self.max_steps = max_steps or self.default_max_steps
         self.step_timeout = step_timeout
@@ -300,9 +305,7 @@ class NextStateEnv(gymnasium.Env):
         if self._sandbox is None:
             if self.task is None or self._ended:
                 raise ResetNeeded("no episode is running: call reset() first")
-            pool = self._pool_for(self.task)
-            self._sandbox = pool.lease(timeout=self.lease_timeout)
-            self._sandbox_pool = pool
+            self._sandbox_pool, self._sandbox = self._lease(self.task)
         return self._sandbox
 
     def command_timeout_cap(self) -> float:
@@ -425,12 +428,21 @@ class NextStateEnv(gymnasium.Env):
         known = ", ".join(list(self._by_id)[:10])
         raise KeyError(f"unknown task {choice!r} ({len(self._by_id)} tasks, e.g. {known})")
 
-    def _pool_for(self, task: Task) -> SandboxPool:
-        """The shared pool when its sandboxes fit the task, else a private pool for the task's spec."""
+    def _lease(self, task: Task) -> tuple[SandboxPool, Sandbox]:
+        """A sandbox for ``task`` and its pool: the shared pool's when its sandboxes fit the task,
+        else one of the pool for the task's spec, the shared ``image_pools``' or a private one."""
         overrides = self.sandbox_overrides(task)
         if self.pool is not None and all(getattr(self.pool.spec, k) == v for k, v in overrides.items()):
-            return self.pool
+            return self.pool, self.pool.lease(timeout=self.lease_timeout)
         key = json.dumps(overrides, sort_keys=True)
+        if self.image_pools is not None:
+            return self.image_pools.lease(key, lambda size: self.make_pool(size, **{**self.pool_kwargs, **overrides}),
+                                          self.lease_timeout)
+        pool = self._private_pool(key, overrides)
+        return pool, pool.lease(timeout=self.lease_timeout)
+
+    def _private_pool(self, key: str, overrides: dict[str, Any]) -> SandboxPool:
+        """This env's own pool for the spec ``overrides`` (the ``max_private_pools`` latest kept)."""
         pool = self._private.pop(key, None)
         if pool is None:
             pool = self.make_pool(1, **{**self.pool_kwargs, **overrides})

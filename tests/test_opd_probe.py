@@ -52,3 +52,12 @@ def test_kappa_by_hand():
     assert judge_agreement.kappa([1, 1, -1, -1], [1, 1, -1, -1]) == 1.0
     assert judge_agreement.kappa([1, -1, 1, -1], [1, 1, -1, -1]) == 0.0
     assert judge_agreement.kappa([1, 1], [1, 1]) is None
+
+
+@pytest.mark.parametrize("bench", ["engine", "opd_probe", "train_speed"])
+def test_a_model_that_is_not_here_is_one_line_and_exit_1(bench: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    assert importlib.import_module(f"bench.{bench}").main(["--model", "/nonexistent/model"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"bench.{bench}: model path '/nonexistent/model' does not exist\n", err

@@ -52,7 +52,7 @@ chattr +i /tmp/hostile-nobody 2>/dev/null && echo immutable
 """
 # What the next lease looks at: processes, every writable place, IPC, /dev/shm, the shell.
 LOOK = r"""
-ps -eo args= | grep -v -e '^ps' -e '^bash' -e '^sort' | sort
+ps -eo args= | grep -v -e '^ps' -e '^bash' -e '^sort' -e '^grep' | sort
 find / -xdev -name 'hostile*' 2>/dev/null; find /dev/shm /dev/mqueue -mindepth 1 2>/dev/null
 ls -lAn --time-style=+ /tmp /var/tmp ~ /app 2>&1
 ipcs | grep -c '^0x'; df -k /dev/shm | tail -1 | awk '{print $3}'

@@ -517,17 +517,31 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
     three13 = "FROM python:3.13-slim-bookworm\nFROM debian:trixie-slim\nFROM python:3.12\n"
     assert public_stand_ins(Engine(), three13) == [("python:3.13*", "tbench-trixie"),
                                                    ("debian:trixie*", "tbench-trixie"), ("python:3*", "tbench-dev")]
+    assert public_stand_ins(Engine(), "FROM python:3.9-slim\nFROM debian:bullseye\n") == [
+        ("python:3.9*", "tbench-bullseye"), ("debian:bullseye*", "tbench-bullseye")]
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
 
-def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str]) -> str:
-    """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it, removes the image."""
+def test_a_stand_in_says_what_it_differs_in() -> None:
+    from nextstate.containers.build import stand_in_note
+
+    assert stand_in_note("python:3.12-slim", "nextstate/tbench-python:latest") == (
+        "python:3.12-slim stands in as nextstate/tbench-python:latest: Debian bookworm, whose python3 is 3.11, not 3.12")
+    assert stand_in_note("docker.io/library/python:3.13", "nextstate/tbench-trixie:latest") is None  # trixie's 3.13
+    assert "not Ubuntu" in stand_in_note("ubuntu:24.04", "nextstate/tbench:latest")
+    assert stand_in_note("debian:bookworm-slim", "nextstate/tbench:latest") is None
+    assert stand_in_note("python:3.12", "registry.example/own:1") is None   # a user's own image: not ours to describe
+
+
+def _run_built(docker_client, tmp_path: Path, dockerfile: str, command: list[str], **run: object) -> str:
+    """Builds ``dockerfile`` offline under a private tag, runs ``command`` in it (``run``: more
+    arguments of ``containers.run``), removes the image."""
     (tmp_path / "Dockerfile").write_text(dockerfile)
     tag = f"nextstate-test/standin-{uuid.uuid4().hex[:8]}:latest"
     try:
         build_image(tmp_path, tag, client=docker_client)
-        return docker_client.containers.run(tag, command, remove=True).decode()
+        return docker_client.containers.run(tag, command, remove=True, **run).decode()
     finally:
         try:
             docker_client.images.remove(tag, force=True)
@@ -573,3 +587,42 @@ def test_the_python_3_13_stand_in_is_trixie_with_python_3_13(terminal_image: str
                      ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"])
     assert out.startswith("Python 3.13.") and "\ncompiled\ntrixie\n" in out, out
     assert "externally-managed" not in out and "No matching distribution" in out, out
+
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_python_3_9_stand_in_is_bullseye_with_python_3_9(terminal_image: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM python:3.9-slim`` offline: the stand-in built on Debian bullseye, whose python3 is 3.9,
+    where pip installs and C compiles."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    out = _run_built(docker_client, tmp_path, "FROM python:3.9-slim\n" + HELLO_C +
+                     "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; true\n",
+                     ["sh", "-c", "python3 --version; hi; . /etc/os-release; echo $VERSION_CODENAME; cat /tmp/pip.log"])
+    assert out.startswith("Python 3.9.") and "\ncompiled\nbullseye\n" in out, out
+    assert "No matching distribution" in out, out
+
+APT_LISTS = Path("/var/lib/apt/lists")
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not any(APT_LISTS.glob("*bookworm*_Packages*")),
+                    reason="needs this machine's package lists of Debian bookworm, the stand-in's release")
+def test_the_ubuntu_stand_in_takes_ubuntu_package_names(terminal_image: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM ubuntu:24.04`` offline: the stand-in's apt-get rewrites the Ubuntu names Debian lacks
+    (a table, and Ubuntu 24.04's ``t64`` suffix by rule) and leaves the rest. Simulated (``-s``)
+    against this machine's package lists, mounted read-only, so nothing is downloaded."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    names = "chromium-browser libasound2t64 postgresql-client-16 jq"
+    unknown = "'Unable to locate package|has no installation candidate'"
+    out = _run_built(docker_client, tmp_path, "FROM ubuntu:24.04\n",
+                     ["sh", "-c", f"apt-get -s install -y {names} 2>&1; echo rc=$?; "
+                                  f"/usr/bin/apt-get -s install -y {names} 2>&1 | grep -cE {unknown}"],
+                     network_mode="none", volumes={str(APT_LISTS): {"bind": str(APT_LISTS), "mode": "ro"}})
+    for ubuntu, debian in [("chromium-browser", "chromium"), ("libasound2t64", "libasound2"),
+                           ("postgresql-client-16", "postgresql-client")]:
+        assert f"installing Debian's {debian} for Ubuntu's {ubuntu}" in out, out
+    assert "Ubuntu's jq" not in out and "Inst chromium " in out and "rc=0" in out, out
+    assert out.rstrip().endswith("\n3"), out  # Debian's own apt-get knows none of the three

@@ -268,13 +268,16 @@ def test_make_envs_starts_no_shared_pool_for_tasks_with_their_own_images(tmp_pat
     try:
         env.reset(options={"task": "nstest-marker"})
         assert env.step(call("bash", command="cat /app/marker"))[0] == "built\n[exit code 0]"
-        [private] = env._private.values()
-        assert not private.warm
+        assert not env._private   # the image's pool is the factory's, shared by its envs
+        [shared] = factory.image_pools._pools.values()
+        assert not shared.warm and shared.size == 2
         env.step(FINISH)
         env.reset(options={"task": "nstest-marker"})  # the same image again: a fresh sandbox on demand
-        assert private.stats()["leased"] == 1 and private.stats()["ready"] == 0
+        assert shared.stats()["leased"] == 1 and shared.stats()["ready"] == 0
     finally:
         env.close()
+        factory.close()
+    assert shared._closed
 
     cfg = load_config("terminal", overrides=["env.tasks=procedural:0:4", "rollout.parallel=2"])
     pool, _, _ = make_envs(cfg)       # tasks in the family image: the shared warm pool

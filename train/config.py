@@ -41,6 +41,7 @@ class EnvConfig:
     sandbox_backend: str = "auto"     # auto | docker | local
     sandbox_disk: str | None = "2g"   # each sandbox's disk limit (a task's own setting wins); null: none
     sandbox_reset: str = "replace"    # replace (a fresh sandbox per episode) | verified (reuse after a verified reset)
+    image_pools: str = "shared"       # shared (tasks' own images: pools shared by the run's envs) | per-env
     user: str | None = None           # terminal: run every task as this user (default: the task's)
     tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
 
@@ -436,6 +437,7 @@ def validate(cfg: Config) -> None:
         (cfg.judge.mode != "url" or bool(cfg.judge.url), "judge.mode=url needs judge.url"),
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
         (cfg.env.sandbox_reset in ("replace", "verified"), "env.sandbox_reset must be replace or verified"),
+        (cfg.env.image_pools in ("shared", "per-env"), "env.image_pools must be shared or per-env"),
         (_size_ok(cfg.env.sandbox_disk), f"env.sandbox_disk must be a size like 2g or 512m, got {cfg.env.sandbox_disk!r}"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
         (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),

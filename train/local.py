@@ -328,6 +328,7 @@ class LocalTrainer:
         self.metrics.close()
         self.recorder.close()
         self.advantages.close()
+        self.env_factory.close()
         if self.pool is not None:
             self.pool.close()
         for m in self.members:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from nextstate.agents.chat import ChatConfig
 from nextstate.agents.presets import PRESETS
+from nextstate.containers.image_pools import ImagePools
 from nextstate.envs import env_class
 from nextstate.envs.multiagent import MultiAgentEnv
 from nextstate.judges.prm import StepJudge
@@ -144,27 +145,51 @@ def load_tasks(cfg: Config, source: Any = None) -> list[Any]:
         env.close()
 
 
+class EnvFactory:
+    """Makes the envs of one run: each call a new env on the run's tasks, sharing the run's pools.
+
+    ``image_pools`` (``env.image_pools=shared``, the default) are the per-image pools every env
+    of this factory leases from for tasks with an image of their own; :meth:`close` removes them.
+    """
+
+    def __init__(self, make: Callable[..., Any], image_pools: ImagePools | None):
+        self._make, self.image_pools = make, image_pools
+
+    def __call__(self) -> Any:
+        return self._make(image_pools=self.image_pools)
+
+    def close(self) -> None:
+        """Close the shared per-image pools (the envs' own are closed with each env)."""
+        if self.image_pools is not None:
+            self.image_pools.close()
+
+
 def make_envs(cfg: Config, pool_size: int | None = None,
-              run_id: str | None = None) -> tuple[Any, Callable[[], Any], list[Any]]:
+              run_id: str | None = None) -> tuple[Any, EnvFactory, list[Any]]:
     """A shared pool of warm sandboxes (``pool_size``, default ``rollout.parallel``; ``run_id``
     labels its sandboxes), a factory of envs leasing from it, and the env's task list.
 
     The pool is None when every task runs in an image of its own (terminal-bench tasks with
     a Dockerfile, SWE-bench rows). Such a task's episode starts its sandbox when it begins,
-    and none is started ahead for an image the env's next task may not use.
+    and none is started ahead for an image the env's next task may not use. With
+    ``env.image_pools=shared`` (the default) those per-image pools are the factory's, shared
+    by all its envs (at most ``pool_size`` idle sandboxes over all of them); the caller closes
+    them with ``factory.close()``. ``per-env``: each env keeps its own.
     """
     cls = env_class(cfg.env.family)
     tasks = load_tasks(cfg)
-    pool = cls.make_pool(pool_size or cfg.rollout.parallel, backend=cfg.env.sandbox_backend,
+    size = pool_size or cfg.rollout.parallel
+    pool = cls.make_pool(size, backend=cfg.env.sandbox_backend,
                          disk=cfg.env.sandbox_disk, reset=cfg.env.sandbox_reset,
                          run_id=run_id) if cls.uses_family_image(tasks) else None
 
-    def factory() -> Any:
-        return cls(tasks=tasks, pool=pool, max_steps=cfg.env.max_steps, step_timeout=cfg.env.step_timeout,
-                   warm=False, reset=cfg.env.sandbox_reset, run_id=run_id,
+    def make(image_pools: ImagePools | None) -> Any:
+        return cls(tasks=tasks, pool=pool, image_pools=image_pools, max_steps=cfg.env.max_steps,
+                   step_timeout=cfg.env.step_timeout, warm=False, reset=cfg.env.sandbox_reset, run_id=run_id,
                    **env_kwargs(cfg))   # tasks loaded once, not per env
 
-    return pool, factory, tasks
+    shared = ImagePools(size, max_idle=size) if cfg.env.image_pools == "shared" else None
+    return pool, EnvFactory(make, shared), tasks
 
 
 def judge_backend(cfg: Config, policy: Any) -> Any:

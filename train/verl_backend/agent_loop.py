@@ -170,6 +170,7 @@ class EpisodeResources:
         engine is gone)."""
         try:
             self.envs.close()
+            self.factory.close()
             if self.pool is not None:
                 self.pool.close()
         finally:
