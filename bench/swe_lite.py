@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = first_per_repo(rows) if args.first_per_repo else rows
         if args.ids:
             wanted = args.ids.split(",")
+            unknown = sorted(set(wanted) - {r["instance_id"] for r in rows})
+            if unknown:
+                raise ValueError(f"unknown instance ids in {args.tasks}: {', '.join(unknown)}")
             rows = [r for r in rows if r["instance_id"] in wanted]
         rows = load_instances(rows)
     except (OSError, ValueError, KeyError) as e:

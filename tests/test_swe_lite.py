@@ -28,6 +28,13 @@ def test_the_shipped_rows_are_one_plain_row_per_lite_repository_and_load_with_sw
                for r in load_instances(str(LITE_ROWS)))
 
 
+def test_bad_input_is_one_line_and_exit_1(capsys):
+    from bench.swe_lite import main
+
+    assert main(["--tasks", str(LITE_ROWS), "--ids", "nope__nope-1", "--json"]) == 1
+    assert capsys.readouterr().err.strip() == f"bench.swe_lite: ValueError: unknown instance ids in {LITE_ROWS}: nope__nope-1"
+
+
 def test_first_per_repo_keeps_the_file_order():
     rows = [{"repo": "a/x", "instance_id": "2"}, {"repo": "b/y", "instance_id": "1"},
             {"repo": "a/x", "instance_id": "0"}]
