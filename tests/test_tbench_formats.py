@@ -556,8 +556,22 @@ def test_pip_installs_system_wide_on_the_python_stand_in(terminal_image: str, tm
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
     log = _run_built(docker_client, tmp_path, "FROM python:3.12-slim\nWORKDIR /srv\n"
                      "RUN pip install --no-index nextstate-no-such-package-0 > /tmp/pip.log 2>&1; cat /tmp/pip.log\n",
-                     ["cat", "/tmp/pip.log"])
+                     ["sh", "-c", "cat /tmp/pip.log; command -v python"])
     assert "externally-managed" not in log and "No matching distribution" in log, log
+    assert log.endswith("\n/usr/local/bin/python\n"), log   # where the official images have it
+
+
+@pytest.mark.docker
+def test_the_ubuntu_stand_in_has_no_python_command_as_the_original(terminal_image: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    docker_client) -> None:
+    """terminal-bench's ubuntu-24-04 base offline: no ``python`` until the task makes one, the way
+    thousands of public tasks do (a /usr/bin/python already there failed their builds)."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    out = _run_built(docker_client, tmp_path, "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n"
+                     "RUN ! command -v python && ln -s /usr/bin/python3 /usr/bin/python\n",
+                     ["python", "--version"])
+    assert out.startswith("Python 3."), out
 
 
 HELLO_C = ("RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > /tmp/hi.c"
