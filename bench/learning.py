@@ -160,15 +160,23 @@ def variants_of(family: str, asked: list[str]) -> list[str]:
     return [v for v in asked if v not in SKIP.get(family, ())]
 
 
+def run_config(family: str, name: str, seed: int, steps: int, warm: Path, extra: list[str],
+               heldout: int | None = None) -> Any:
+    """The config of one run of variant ``name``: ``extra`` (the model's protocol and the command
+    line's overrides) first, so that the run starts from the shared warm start ``warm`` and trains
+    no warm start of its own, whatever ``extra`` says of ``model.name`` and ``sft``."""
+    variant = [o.format(warm=warm) for o in {**VARIANTS, **MULTI_AGENT}[name]]
+    return family_config(family, [
+        *extra, f"model.name={warm}", "sft.steps=0", f"run.seed={seed}", f"run.steps={steps}",
+        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *variant], heldout)
+
+
 def train_variant(family: str, name: str, seed: int, steps: int, warm: Path, out: Path,
                   extra: list[str], heldout: int | None = None) -> dict[str, Any]:
     """One run of variant ``name`` on ``family`` from the warm start; its held-out curve."""
     from nextstate.train.local import LocalTrainer
 
-    variant = [o.format(warm=warm) for o in {**VARIANTS, **MULTI_AGENT}[name]]
-    cfg = family_config(family, [
-        f"model.name={warm}", "sft.steps=0", f"run.seed={seed}", f"run.steps={steps}",
-        f"run.save_every={max(steps, 1)}", "run.keep_checkpoints=1", *variant, *extra], heldout)
+    cfg = run_config(family, name, seed, steps, warm, extra, heldout)
     start = time.monotonic()
     rows = LocalTrainer(cfg, out, progress=False).run()
     return {**figures(rows), "wall_s": round(time.monotonic() - start, 1)}

@@ -3,6 +3,7 @@ per-token advantage (the same vectors through the local backend's batch and lear
 the veRL backend's advantage function), and the teacher's forward pass in the learner."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,3 +273,12 @@ def test_bench_summaries_by_hand():
     assert ci95([0.5, 0.6, 0.7]) == pytest.approx([0.6 - 4.303 * 0.1 / 3 ** 0.5, 0.6 + 4.303 * 0.1 / 3 ** 0.5], abs=1e-4)
     runs = [{"curve": [(0, 0.5), (5, 0.7), (10, 0.9)]}, {"curve": [(0, 0.5), (5, 0.9), (10, 0.8)]}]
     assert steps_to(runs) == 5 and steps_to(runs, 0.95) is None
+
+
+def test_every_bench_run_starts_from_the_shared_warm_start(tmp_path: Path) -> None:
+    """The model's protocol names the base model and its SFT; a run must not redo it with its own seed."""
+    from bench.learning import MODELS, run_config
+
+    cfg = run_config("outdir", "combine", 3, 4, tmp_path, [*MODELS["smollm2"], "train.lr=2e-5"], 16)
+    assert cfg.model.name == str(tmp_path) and cfg.sft.steps == 0 and cfg.run.seed == 3
+    assert cfg.train.lr == 2e-5 and cfg.opd.mode == "combine" and cfg.eval.tasks.endswith(":16")
