@@ -95,8 +95,17 @@ def sandbox_rss_mb(sb: DockerSandbox) -> float:
     """Host RSS of a container's processes plus its shim (shared pages counted in each)."""
     sb.container.reload()
     init = sb.container.attrs["State"]["Pid"]
-    shim = int(Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    return sum(rss_kb(p) for p in descendants(init)) / 1024 + rss_kb(shim) / 1024
+    return sum(rss_kb(p) for p in descendants(init)) / 1024 + rss_kb(parent_pid(init)) / 1024
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (``state`` first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid`` (a container's init: its containerd shim)."""
+    return int(_stat(pid)[1])
 
 
 # An episode's leftovers: files in the writable places, a full-ish /dev/shm, background processes.
@@ -151,7 +160,8 @@ def _cgroup_cpu_s(init_pid: int) -> float:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User and system CPU seconds ``pid`` has used."""
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -159,7 +169,7 @@ def cpu_by_part(boxes: list[DockerSandbox]) -> dict[str, float]:
     """CPU seconds spent so far by this process (``client``), ``dockerd``, the containerd shims of
     ``boxes`` (``shim``) and everything in their containers (``sandboxes``: their cgroups)."""
     inits = [b._init_pid for b in boxes]
-    shims = {int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in inits}
+    shims = {parent_pid(p) for p in inits}
     dockerd = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
                and (p / "comm").exists() and (p / "comm").read_text().strip() == "dockerd"]
     return {"client": time.process_time(), "dockerd": sum(_proc_cpu_s(p) for p in dockerd),

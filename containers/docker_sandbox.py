@@ -292,10 +292,12 @@ class DockerSandbox(Sandbox):
         (with one warning) where this host cannot make them."""
         if transport not in ("exec", "fifo"):
             raise SandboxConfigError(f"transport must be exec or fifo, got {transport!r}")
-        why = None if local else "the engine is not local"
-        if transport == "exec" or why is None:
+        if transport == "exec":
+            return None
+        why = "the engine is not local"
+        if local:
             try:
-                return FifoShell(labels.get(RUN_LABEL, "-")) if transport == "fifo" else None
+                return FifoShell(labels.get(RUN_LABEL, "-"))
             except FifoUnavailable as e:
                 why = str(e)
         if not cls._fifo_warned:

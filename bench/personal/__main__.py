@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     import logging
+
+    from nextstate.train.config import ConfigError
     logging.getLogger("nextstate").setLevel(logging.WARNING)
     started = time.monotonic()
     root = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bench-personal-"))
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as e:   # a proxy that cannot start or answer: one line, not a traceback
                         first = str(e).splitlines()[0] if str(e) else ""
                         print(f"error: {user} {name} seed {seed}: {type(e).__name__}: {first}", file=sys.stderr)
-                        return 2 if type(e).__name__ == "ConfigError" else 1
+                        return 2 if isinstance(e, ConfigError) else 1
                     found.setdefault(name, []).append(run)
             variants = {name: summarize(runs, args.blocks) for name, runs in found.items()}
             control = variants.get("none/off")
