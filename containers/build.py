@@ -41,6 +41,8 @@ from nextstate.containers.engine import connect
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"
 SUITE = "bookworm"
+#: Public bases that are Ubuntu: ubuntu:*, terminal-bench's ubuntu-* and buildpack-deps on Ubuntu's codenames.
+_UBUNTU = r"ubuntu:|.*/t-bench/ubuntu-|buildpack-deps:(bionic|focal|jammy|noble|oracular|plucky)\b"
 PYTHON_OF_SUITE = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}   # each Debian release's own python3
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HASH_LABEL = "io.nextstate.image-hash"
@@ -55,19 +57,23 @@ BUILD_CA = "/usr/local/share/nextstate/host-ca.crt"
 # build ARGs, so they reach every RUN and stay out of the image's environment.
 CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
                 "NODE_EXTRA_CA_CERTS")
+#: A host a command's output says it could not reach (curl, apt, git, pip's and requests' urllib3);
+#: the host is the first group that matched.
+UNREACHABLE_HOST = (r"Could not resolve host: ([\w.-]+)|Temporary failure resolving '([^']+)'|unable to access "
+                    r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+) port|Could not resolve '([^']+)'")
 # Why a build failed, read from its output: (pattern, reason; {0} is the pattern's first group); the first
 # that matches wins, so a package "not found" for want of a network reads as no network.
 BUILD_FAILURES = (
     (r"(?:CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSL certificate problem)",
      "a TLS certificate was not trusted (a TLS-inspecting proxy? its CA must be in the host's bundle)"),
-    (r"Could not resolve host: ([\w.-]+)|Temporary failure resolving '([^']+)'|unable to access "
-     r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+)|Could not resolve '([^']+)'",
-     "the build could not reach {0}"),
+    (UNREACHABLE_HOST, "the build could not reach {0}"),
     (r"(?:Temporary failure (?:resolving|in name resolution)|Could not resolve host|Network is unreachable|"
      r"Failed to establish a new connection|Name or service not known|Could not connect to)",
      "the build had no network"),
     (r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate",
      "apt-get found no package {0}"),
+    (r"COPY failed: file not found in build context.*?: stat ([^:]+): file does not exist",
+     "the Dockerfile copies {0}, which its build context does not hold"),
     (r"No matching distribution found for (\S+)", "pip found no package {0}"),
     (r"No space left on device", "the disk is full"),
     (r"externally-managed-environment", "pip refused the system Python (PEP 668: externally managed)"),
@@ -287,7 +293,7 @@ def stand_in_note(ref: str, local: str) -> str | None:
     if python and PYTHON_OF_SUITE.get(suite) not in (None, python.group(1)):
         return (f"{ref} stands in as {local}: Debian {suite}, whose python3 is {PYTHON_OF_SUITE[suite]}, "
                 f"not {python.group(1)}")
-    if ref.startswith("ubuntu:"):
+    if re.match(_UBUNTU, ref):
         return f"{ref} stands in as {local}: Debian {suite}, not Ubuntu (apt-get takes the common Ubuntu names)"
     return None
 

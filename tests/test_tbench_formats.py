@@ -172,8 +172,9 @@ def test_harbor_reward_mapping_and_test_names() -> None:
 def test_base_image_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text, mapped = resolve_from("FROM --platform=linux/amd64 ghcr.io/laude-institute/t-bench/deveval:latest AS b\n"
                                 "FROM ${BASE}\nFROM python:3.13-slim\n")
-    assert text.splitlines() == ["FROM nextstate/tbench:latest AS b", "FROM ${BASE}", "FROM python:3.13-slim"]
-    assert mapped == {"ghcr.io/laude-institute/t-bench/deveval:latest": "nextstate/tbench:latest"}
+    assert text.splitlines() == ["FROM nextstate/tbench-dev:latest AS b", "FROM ${BASE}", "FROM python:3.13-slim"]
+    assert mapped == {"ghcr.io/laude-institute/t-bench/deveval:latest": "nextstate/tbench-dev:latest"}
+    assert resolve_from("FROM ghcr.io/laude-institute/t-bench/other:1\n")[0] == "FROM nextstate/tbench:latest\n"
     extra = tmp_path / "mine.yaml"
     extra.write_text('"python:3.13*": terminal\n"ghcr.io/laude-institute/t-bench/deveval:*": my/dev:1\n')
     monkeypatch.setenv("NEXTSTATE_BASE_IMAGES", str(extra))
@@ -389,6 +390,14 @@ def test_a_failed_build_says_why() -> None:
                           ) == "the build could not reach github.com"
     assert failure_reason(["WARNING: Retrying (Retry(total=4)) after connection broken by 'NewConnectionError("
                            "...)': /simple/six/ host='pypi.org'"]) == "the build could not reach pypi.org"
+    assert failure_reason(["curl: (7) Failed to connect to sh.rustup.rs port 443: Connection refused"]
+                          ) == "the build could not reach sh.rustup.rs"
+    assert failure_reason(["Failed to connect to socket /run/dbus/system_bus_socket: No such file or directory",
+                           "The command '/bin/sh -c add-apt-repository x' returned a non-zero code: 1"]
+                          ) == "`/bin/sh -c add-apt-repository x` exited with 1"   # a socket, not a host
+    assert failure_reason(["COPY failed: file not found in build context or excluded by .dockerignore: stat "
+                           "solution/: file does not exist"]) == \
+        "the Dockerfile copies solution/, which its build context does not hold"
     assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
     assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
         "`/bin/sh -c make` exited with 2"
@@ -484,6 +493,10 @@ def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_pat
     task("no-base", "FROM example.invalid/nextstate-no-such-base:1\nWORKDIR /app\n")
     task("no-runner", run_tests="#!/bin/bash\nnextstate-no-such-runner \"$TEST_DIR\"\n")
     task("wrong", solution="echo no > /app/out.txt")
+    for name, url in (("tests-need-host", "http://nextstate-tests.invalid/"), ("tests-need-server", "http://localhost:9/")):
+        task(name)  # tests that fetch: from a host there is no route to, and from a server the agent did not start
+        (tmp_path / name / "tests" / "test_outputs.py").write_text(
+            f"import subprocess\n\ndef test_fetch():\n    subprocess.run(['curl', '-fsS', '{url}'], check=True)\n")
     assert main(["validate", "terminal", "--tasks", str(tmp_path), "--parallel", "2", "--backend", "docker"]) == 1
     out = capsys.readouterr().out
     lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("FAIL ")}
@@ -491,8 +504,13 @@ def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_pat
     assert "[infrastructure: missing base example.invalid/nextstate-no-such-base:1]" in lines["no-base"]
     assert "[infrastructure: test runner did not start]" in lines["no-runner"]
     assert "exit 127" in lines["no-runner"] and "[infrastructure" not in lines["wrong"]
-    assert out.rstrip().endswith("0 passed, 4 failed (1 the tasks' own; infrastructure: 1 missing base "
+    assert ("[infrastructure: unreachable host nextstate-tests.invalid]: the reference solution scored -1.00: "
+            "the tests could not reach nextstate-tests.invalid (failed: test_outputs.py::test_fetch)") in lines[
+        "tests-need-host"]
+    assert "[infrastructure" not in lines["tests-need-server"]  # localhost: the agent's server, not the network
+    assert out.rstrip().endswith("0 passed, 6 failed (2 the tasks' own; infrastructure: 1 missing base "
                                  "example.invalid/nextstate-no-such-base:1, 1 test runner did not start, "
+                                 "1 unreachable host nextstate-tests.invalid, "
                                  "1 unreachable host nextstate-unreachable.invalid)")
 
 
@@ -519,6 +537,8 @@ def test_public_bases_get_stand_ins_only_where_they_cannot_be_had(monkeypatch: p
                                                    ("debian:trixie*", "tbench-trixie"), ("python:3*", "tbench-dev")]
     assert public_stand_ins(Engine(), "FROM python:3.9-slim\nFROM debian:bullseye\n") == [
         ("python:3.9*", "tbench-bullseye"), ("debian:bullseye*", "tbench-bullseye")]
+    assert public_stand_ins(Engine(), "FROM buildpack-deps:jammy\nFROM buildpack-deps:trixie-curl\n") == [
+        ("buildpack-deps:*", "tbench-dev"), ("buildpack-deps:trixie*", "tbench-trixie")]
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "0")
     assert public_stand_ins(Engine(), text) == []  # online: the original is pulled
 
@@ -531,6 +551,9 @@ def test_a_stand_in_says_what_it_differs_in() -> None:
     assert stand_in_note("docker.io/library/python:3.13", "nextstate/tbench-trixie:latest") is None  # trixie's 3.13
     assert "not Ubuntu" in stand_in_note("ubuntu:24.04", "nextstate/tbench:latest")
     assert stand_in_note("debian:bookworm-slim", "nextstate/tbench:latest") is None
+    assert "not Ubuntu" in stand_in_note("buildpack-deps:jammy", "nextstate/tbench-dev:latest")
+    assert "not Ubuntu" in stand_in_note("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250620", "nextstate/tbench:latest")
+    assert stand_in_note("buildpack-deps:bookworm-scm", "nextstate/tbench-dev:latest") is None
     assert stand_in_note("python:3.12", "registry.example/own:1") is None   # a user's own image: not ours to describe
 
 
@@ -576,6 +599,19 @@ def test_the_ubuntu_stand_in_has_no_python_command_as_the_original(terminal_imag
 
 HELLO_C = ("RUN printf '#include <stdio.h>\\nint main(void){puts(\"compiled\");return 0;}\\n' > /tmp/hi.c"
            " && gcc -o /usr/local/bin/hi /tmp/hi.c\n")
+
+
+@pytest.mark.docker
+def test_buildpack_deps_stands_in_and_an_ubuntu_ppa_is_skipped(terminal_image: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
+    """``FROM buildpack-deps:jammy`` offline (the base of terminal-bench's aider-polyglot tasks): the
+    C-toolchain stand-in, whose add-apt-repository skips a Launchpad PPA (deadsnakes) so the task's
+    apt-get goes on with Debian's packages; another repository needs the real one."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    out = _run_built(docker_client, tmp_path, "FROM buildpack-deps:jammy\n" + HELLO_C +
+                     "RUN add-apt-repository -y ppa:deadsnakes/ppa 2> /tmp/ppa.log\n",
+                     ["sh", "-c", "hi; cat /tmp/ppa.log; add-apt-repository 'deb http://x.invalid/ y main'; echo rc=$?"])
+    assert out.startswith("compiled\n") and "not adding ppa:deadsnakes/ppa" in out and out.endswith("rc=127\n"), out
 
 
 @pytest.mark.docker

@@ -38,6 +38,7 @@ _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\b
 # A test runner that is not there: no pytest for python3, or a runner command not found.
 _RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|python3?): (command )?not found")
 # pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
+_LOOPBACK = re.compile(r"(localhost|127\.|0\.0\.0\.0$|::1$|\[::1\])")
 _PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
 
 
@@ -120,6 +121,17 @@ def _runner_failure(run: CommandResult, log: str) -> str | None:
         return None
     said = found.group(0) if found else (log.strip().splitlines() or ["no output"])[-1][-200:]
     return f"the test runner could not start (exit {run.exit_code}: {said})"
+
+
+def _unreachable_host(log: str) -> str | None:
+    """The first host, other than this sandbox's own loopback, that the tests' output says they could
+    not reach (a test that needs the internet where there is none: the infrastructure's failure)."""
+    from nextstate.containers.build import UNREACHABLE_HOST
+    for found in re.finditer(UNREACHABLE_HOST, log):
+        host = next(g for g in found.groups() if g)
+        if not _LOOPBACK.match(host):
+            return host
+    return None
 
 
 def _has_test_outputs(task: Task) -> bool:
@@ -222,13 +234,18 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details["harbor_reward"] = reward
         if reward < 1:
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            if host := _unreachable_host(details["log_tail"]):
+                details["reason"] = f"the tests could not reach {host} (reward {reward:g})"
         return Outcome(harbor_outcome(reward), details)
     if passed < len(tests) or not tests:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+        if host := _unreachable_host(details["log_tail"]):
+            failed = ", ".join(name for name, status in tests.items() if status != "passed")
+            details["reason"] = f"the tests could not reach {host}" + (f" (failed: {failed})" if failed else "")
     if not tests:
         why = (f"the tests timed out after {timeout:g} s" if run.timed_out
                else _runner_failure(run, details["log_tail"]) or f"the test script exited with {run.exit_code}")
-        details["reason"] = f"no pytest results found: {why}"
+        details["reason"] = details.get("reason") or f"no pytest results found: {why}"
         return Outcome(-1.0, details)
     return Outcome(2.0 * passed / len(tests) - 1.0, details)
 
