@@ -78,7 +78,9 @@ def harbor_python() -> Path:
         found = next((v for v in versions if v.startswith(("3.12", "3.13"))), None)
         if found is None:
             pytest.skip("harbor needs Python >= 3.12 and this machine has none (pyenv has no 3.12 or 3.13)")
-        made = subprocess.run(["python", "-m", "venv", str(HARBOR_VENV)], env={**os.environ, "PYENV_VERSION": found},
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        # that version's own python: under pyenv, `python` on PATH is the running version's
+        made = subprocess.run([str(Path(root) / "versions" / found / "bin" / "python"), "-m", "venv", str(HARBOR_VENV)],
                               capture_output=True, text=True)
         if made.returncode != 0:
             pytest.skip(f"could not make a Python {found} venv for harbor: {made.stderr.strip()[-300:]}")
