@@ -1,7 +1,7 @@
 """The Docker backend: a :class:`DockerSandbox` is a container with no network, a non-root
 user, all capabilities dropped, ``no-new-privileges`` and pids/memory/CPU limits. Its shell is
-one ``docker exec`` whose multiplexed stdout/stderr socket stays open; it speaks the protocol of
-:mod:`containers.protocol`.
+one ``docker exec`` whose streams stay open (its socket, or FIFOs: :mod:`containers.shell_transport`);
+it speaks the protocol of :mod:`containers.protocol`.
 
 Hard limits: ``pids_limit``, ``memory``, ``cpus`` and
 ``disk``. Where the engine can kill by cgroup from the host (a local engine,
@@ -29,9 +29,7 @@ import os
 import re
 import shlex
 import signal
-import socket
 import stat
-import struct
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -40,6 +38,7 @@ from nextstate.containers.engine import RUN_LABEL
 from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
                                            SandboxSpec, _mib)
+from nextstate.containers.shell_transport import ExecStream, ShellTransport
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +237,7 @@ def _descendants(parents: dict[int, int], root: int) -> set[int]:
 
 
 class DockerSandbox(Sandbox):
-    """A container on a Docker engine, with its shell on one open exec socket."""
+    """A container on a Docker engine, with its shell's streams on a :class:`ShellTransport`."""
 
     backend = "docker"
     _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
@@ -251,12 +250,11 @@ class DockerSandbox(Sandbox):
         self._disk: Any = None   # a containers.disks.LoopDisk
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
         local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
-        self._pipes = self._fifos(spec.transport, local, labels)
+        self._shell = self._transport(spec.transport, local, labels)
         try:
             self.container = self._create(spec, client, labels)
         except BaseException:
-            if self._pipes is not None:
-                self._pipes.remove()
+            self._shell.remove()
             raise
         try:
             self._attach_disk(labels)
@@ -271,8 +269,6 @@ class DockerSandbox(Sandbox):
                     "the config (e.g. root), or add the user to the image") from None
             raise
         self.id = self.container.id[:12]
-        self._sock: socket.socket | None = None
-        self._buf = b""
         self._shell_host_pid: int | None = None
         try:
             self.container.reload()
@@ -287,13 +283,13 @@ class DockerSandbox(Sandbox):
     _fifo_warned = False
 
     @classmethod
-    def _fifos(cls, transport: str, local: bool, labels: dict[str, str]) -> FifoShell | None:
-        """The shell's FIFOs for ``transport="fifo"`` on a local engine; None for ``"exec"``, or
-        (with one warning) where this host cannot make them."""
+    def _transport(cls, transport: str, local: bool, labels: dict[str, str]) -> ShellTransport:
+        """The shell's transport: the exec stream for ``"exec"``; FIFOs for ``"fifo"`` on a local
+        engine, else (with one warning, where this host cannot make them) the exec stream."""
         if transport not in ("exec", "fifo"):
             raise SandboxConfigError(f"transport must be exec or fifo, got {transport!r}")
         if transport == "exec":
-            return None
+            return ExecStream()
         why = "the engine is not local"
         if local:
             try:
@@ -303,7 +299,7 @@ class DockerSandbox(Sandbox):
         if not cls._fifo_warned:
             cls._fifo_warned = True
             log.warning("sandbox shells use the docker exec stream, not FIFOs: %s", why)
-        return None
+        return ExecStream()
 
     def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
         """Create the container, with the engine's storage quota when its driver has one."""
@@ -315,7 +311,7 @@ class DockerSandbox(Sandbox):
                   security_opt=["no-new-privileges"],
                   pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
                   nano_cpus=int(spec.cpus * 1e9), auto_remove=False,
-                  volumes=self._pipes.bind() if self._pipes is not None else None)
+                  volumes=self._shell.bind())
         engine = str(client.api.base_url)
         if self._disk_limit is not None and self._quota_support.get(engine, True):
             try:
@@ -363,69 +359,20 @@ class DockerSandbox(Sandbox):
         return next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
 
     def _open_shell(self) -> None:
-        api = self.client.api
-        if self._pipes is not None:
-            try:
-                ex = api.exec_create(self.container.id, self._pipes.open(), user=self.spec.user,
-                                     workdir=self.spec.workdir, environment=self.spec.env)
-                self._exec_id = ex["Id"]
-                api.exec_start(ex["Id"], detach=True)
-            except Exception as e:  # docker.errors.APIError, connection errors, OSError (the FIFOs)
-                self._pipes.close()
-                raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
-            self._shell_host_pid = None
-            return
         try:
-            ex = api.exec_create(self.container.id, ["bash", "--noprofile", "--norc"], stdin=True,
-                                 user=self.spec.user, workdir=self.spec.workdir, environment=self.spec.env)
-            self._exec_id = ex["Id"]
-            sock = api.exec_start(ex["Id"], socket=True)
-        except Exception as e:  # docker.errors.APIError, connection errors
+            self._exec_id = self._shell.open(self.client.api, self.container.id, self.spec)
+        except Exception as e:  # docker.errors.APIError, connection errors, OSError (the FIFOs)
             raise SandboxError(f"cannot start a shell in container {self.id}: {e}") from e
-        self._sock = getattr(sock, "_sock", sock)
-        self._buf = b""
         self._shell_host_pid = None   # looked up when first needed
 
     def _send(self, data: bytes) -> None:
-        if self._pipes is not None:
-            self._pipes.send(data)
-            return
-        assert self._sock is not None
-        self._sock.settimeout(30)
-        self._sock.sendall(data)
+        self._shell.send(data)
 
     def _recv(self, timeout: float) -> list[tuple[int, bytes]] | None:
-        if self._pipes is not None:
-            return self._pipes.recv(timeout)
-        assert self._sock is not None
-        try:
-            self._sock.settimeout(timeout if timeout > 0 else 0.0)   # 0: a look without waiting
-            data = self._sock.recv(1 << 16)
-        except (socket.timeout, BlockingIOError):
-            return []
-        except OSError:   # the connection is gone (closed under us: EBADF), like an ended shell
-            return None
-        if not data:
-            return None
-        self._buf += data
-        chunks = []
-        while len(self._buf) >= 8:  # docker's stream framing: type, 0,0,0, big-endian size
-            stream, size = self._buf[0], struct.unpack(">I", self._buf[4:8])[0]
-            if len(self._buf) < 8 + size:
-                break
-            chunks.append((stream, self._buf[8:8 + size]))
-            self._buf = self._buf[8 + size:]
-        return chunks
+        return self._shell.recv(timeout)
 
     def _close_shell(self) -> None:
-        if self._pipes is not None:
-            self._pipes.close()
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None
+        self._shell.close()
 
     def _host_shell_pid(self) -> int | None:
         if self._shell_host_pid is None:
@@ -624,10 +571,7 @@ class DockerSandbox(Sandbox):
         return info.get("ExitCode")
 
     def is_alive(self) -> bool:
-        if self._pipes is not None:
-            if self.closed or not self._pipes.is_open:
-                return False
-        elif self.closed or self._sock is None or self._sock.fileno() < 0:
+        if self.closed or not self._shell.is_open:
             return False
         try:
             self.container.reload()
@@ -640,8 +584,7 @@ class DockerSandbox(Sandbox):
             self.container.remove(force=True)
         except Exception as e:  # already gone, or the engine went away
             log.debug("removing %s: %s", self.id, e)
-        if self._pipes is not None:
-            self._pipes.remove()
+        self._shell.remove()
         if self._disk is not None and not self._disk.release():
             log.warning("the disk of sandbox %s is still in use; `python -m containers reap` "
                         "removes it once its container is gone", self.id)

@@ -8,6 +8,8 @@ three FIFOs itself: they sit in a host directory of their own (``SHELL_ROOT/<pid
 the container, so nothing can be written there but the FIFOs' streams (a FIFO on a read-only
 mount stays writable; no regular file can be made). The shell is still started by one
 ``docker exec`` (detached), so the engine knows its pid and exit code as before.
+:class:`FifoShell` is a :class:`~containers.shell_transport.ShellTransport`, as the default
+:class:`~containers.shell_transport.ExecStream` is.
 
 Only for a local engine (the FIFOs must be on the engine's host). Every FIFO is opened
 non-blocking; a stream at end of file is one whose every writer closed it (a FIFO nobody has
@@ -26,8 +28,11 @@ import select
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 from nextstate.containers.engine import pid_alive
+from nextstate.containers.protocol import SandboxSpec
+from nextstate.containers.shell_transport import ShellTransport
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,7 @@ class FifoUnavailable(RuntimeError):
     """This host cannot give a sandbox FIFOs (the message says why)."""
 
 
-class FifoShell:
+class FifoShell(ShellTransport):
     """The host side of one sandbox's FIFOs: make them, open them, move bytes, remove them."""
 
     def __init__(self, run_id: str):
@@ -60,7 +65,19 @@ class FifoShell:
         """The read-only bind mount the container is created with."""
         return {str(self.dir): {"bind": MOUNT, "mode": "ro"}}
 
-    def open(self) -> list[str]:
+    def open(self, api: Any, container_id: str, spec: SandboxSpec) -> str:
+        """New FIFOs, and a new shell on them started by a detached ``docker exec``; returns its id.
+        On failure the host's ends are closed."""
+        try:
+            ex = api.exec_create(container_id, self._new_fifos(), user=spec.user, workdir=spec.workdir,
+                                 environment=spec.env)
+            api.exec_start(ex["Id"], detach=True)
+        except Exception:   # docker.errors.APIError, connection errors, OSError (the FIFOs)
+            self.close()
+            raise
+        return ex["Id"]
+
+    def _new_fifos(self) -> list[str]:
         """New FIFOs for a new shell (the old ones are unlinked), opened on the host; returns the
         command the ``docker exec`` starts that shell with."""
         self.close()

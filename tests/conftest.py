@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture
+def sever_shell():
+    """A function that closes a DockerSandbox's host end of its shell's streams for real, under the
+    sandbox (as a finished close() leaves it: EBADF on the next use), on either transport."""
+    from nextstate.containers.fifo_shell import FifoShell
+
+    def sever(sb) -> None:
+        shell = sb._shell
+        os.close(shell._in if isinstance(shell, FifoShell) else shell.sock.detach())
+    return sever
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     import docker

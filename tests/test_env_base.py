@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import gymnasium
 import pytest
@@ -186,12 +185,12 @@ def test_render_ansi_returns_the_last_observation(pool: SandboxPool) -> None:
     env.close()
 
 
-def test_reset_replaces_a_sandbox_whose_shell_connection_broke(pool: SandboxPool) -> None:
+def test_reset_replaces_a_sandbox_whose_shell_connection_broke(pool: SandboxPool, sever_shell) -> None:
     """The next sandbox to be leased cannot start the episode (its shell's socket was closed
     under it): reset gives it back and starts the episode on a replacement."""
     pool.wait_ready(120)
     broken = pool._ready[0]   # the one the next lease takes
-    os.close(broken._sock.detach())   # closed for real, as a finished close() leaves it
+    sever_shell(broken)
     env = CountEnv(pool=pool)
     try:
         env.reset(options={"task": "count-3"})

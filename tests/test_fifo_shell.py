@@ -17,6 +17,7 @@ from nextstate import containers
 from nextstate.containers import fifo_shell
 from nextstate.containers.docker_sandbox import DockerSandbox
 from nextstate.containers.protocol import SandboxConfigError, SandboxError, SandboxSpec
+from nextstate.containers.shell_transport import ExecStream
 
 
 @pytest.fixture
@@ -29,13 +30,13 @@ def fifo_box(docker_client, terminal_image):
 
 @pytest.mark.docker
 def test_the_mount_is_read_only_and_holds_only_the_fifos(fifo_box):
-    assert fifo_box._pipes is not None
+    assert isinstance(fifo_box._shell, fifo_shell.FifoShell)
     r = fifo_box.run(f"find {fifo_shell.MOUNT} -mindepth 1 -printf '%y %f\\n' | sort; "
                      f"touch {fifo_shell.MOUNT}/x; mkdir {fifo_shell.MOUNT}/d; grep ' {fifo_shell.MOUNT} ' /proc/self/mountinfo")
     assert r.stdout.splitlines()[:3] == ["p err.1", "p in.1", "p out.1"]
     assert r.stderr.count("Read-only file system") == 2
     assert " ro," in r.stdout.splitlines()[3]
-    assert sorted(p.name for p in fifo_box._pipes.dir.iterdir()) == ["err.1", "in.1", "out.1"]
+    assert sorted(p.name for p in fifo_box._shell.dir.iterdir()) == ["err.1", "in.1", "out.1"]
 
 
 @pytest.mark.docker
@@ -43,24 +44,24 @@ def test_a_restarted_shell_gets_new_fifos_and_close_removes_them(fifo_box):
     r = fifo_box.run("exit 4")
     assert (r.exit_code, r.shell_restarted) == (4, True)
     assert fifo_box.run("echo $((1 + 1))").stdout == "2\n"
-    assert sorted(p.name for p in fifo_box._pipes.dir.iterdir()) == ["err.2", "in.2", "out.2"]
-    where = fifo_box._pipes.dir
+    assert sorted(p.name for p in fifo_box._shell.dir.iterdir()) == ["err.2", "in.2", "out.2"]
+    where = fifo_box._shell.dir
     fifo_box.close()
     assert not where.exists()
 
 
 @pytest.mark.docker
 def test_fifos_closed_under_the_sandbox_are_a_clear_error(fifo_box):
-    os.close(fifo_box._pipes._in)
+    os.close(fifo_box._shell._in)
     assert not fifo_box.is_alive()
     with pytest.raises(SandboxError, match="stopped answering"):
         fifo_box.run("echo hi", timeout=5)
 
 
 def test_a_remote_engine_falls_back_to_the_exec_stream():
-    assert DockerSandbox._fifos("fifo", False, {}) is None
+    assert isinstance(DockerSandbox._transport("fifo", False, {}), ExecStream)
     with pytest.raises(SandboxConfigError, match="transport must be exec or fifo"):
-        DockerSandbox._fifos("pipes", True, {})
+        DockerSandbox._transport("pipes", True, {})
 
 
 def test_reap_removes_the_dirs_of_dead_owners_and_of_a_run(tmp_path: Path, monkeypatch) -> None:

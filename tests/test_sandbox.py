@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -133,12 +132,10 @@ def test_killed_container_raises_a_clear_error(docker_box, docker_client):
 
 
 @pytest.mark.docker
-def test_a_shell_connection_closed_under_the_sandbox_is_a_clear_error(docker_box):
-    """The shell's socket closed from elsewhere (EBADF on the next call, seen once in 320 relay
-    episodes) is a sandbox that stopped answering, not a bare OSError."""
-    if docker_box._pipes is not None:
-        pytest.skip("the shell speaks through FIFOs (NEXTSTATE_SHELL_TRANSPORT=fifo): tests/test_fifo_shell.py")
-    os.close(docker_box._sock.detach())   # closed for real, as a finished close() leaves it
+def test_a_shell_connection_closed_under_the_sandbox_is_a_clear_error(docker_box, sever_shell):
+    """The shell's socket (or stdin FIFO) closed from elsewhere (EBADF on the next call, seen once
+    in 320 relay episodes) is a sandbox that stopped answering, not a bare OSError."""
+    sever_shell(docker_box)
     assert not docker_box.is_alive()
     with pytest.raises(SandboxError, match="stopped answering"):
         docker_box.run("echo hi", timeout=5)
