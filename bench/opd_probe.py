@@ -16,7 +16,8 @@ seen:
    (:class:`judges.hints.HintJudge` on the probed policy's weights, with the judge config's votes,
    temperature and max_tokens). The hint is appended to the last environment turn as
    :func:`judges.hints.teacher_messages` does in training. A step given no hint is left out of
-   the gaps and the updates, as OPD leaves it out in training (``hinted`` counts the others).
+   the gaps and the updates, as OPD leaves it out in training (``hinted`` counts the others;
+   ``hint_votes``, ``answers_with_hint_text`` and ``unhinted_answers`` say what the source answered).
 2. **The teacher gap.** With the teacher the frozen model (``opd.teacher=reference``), the mean
    per-token ``log pi_teacher(a | s + hint) - log pi_old(a | s)`` on the tokens of the reference
    action (``mkdir -p /app/out``, the step that should have been taken: ``gap_reference``) and of
@@ -93,13 +94,27 @@ def mean_token(rows: list[list[float]]) -> float | None:
     return round(statistics.fmean(statistics.fmean(r) for r in rows), 4) if rows else None
 
 
-def hints_for(hinter: Any, episodes: list[list[Any]]) -> list[str | None]:
-    """``hinter``'s hint (or None) for the last step of each episode, asked as the rollout asks it."""
+def ask_hints(hinter: Any, episodes: list[list[Any]]) -> list[Any]:
+    """``hinter``'s :class:`~judges.prm.JudgeResult` (its ``hint`` None when it gave none) on the last
+    step of each episode, asked the request the rollout builds."""
     from bench.judge_agreement import requests
 
     async def ask() -> list[Any]:
         return await asyncio.gather(*(hinter.judge(requests([ep])[-1]) for ep in episodes))
-    return [r.hint for r in asyncio.run(ask())]
+    return asyncio.run(ask())
+
+
+def hint_answers(results: list[Any]) -> dict[str, Any]:
+    """What the hint source answered: its votes over all answers (0: no ``\\boxed{}`` vote), the
+    answers holding a hint of more than 10 characters whatever their vote, the requests that
+    failed, and up to 2 answers of steps left unhinted (their first 600 characters)."""
+    from nextstate.judges.prm import parse_hint
+
+    answers = [a for r in results for a in r.raw]
+    return {"hint_votes": {str(v): sum(x == v for r in results for x in r.votes) for v in (1, -1, 0)},
+            "answers_with_hint_text": sum(len((parse_hint(a) or "").strip()) > 10 for a in answers),
+            "hint_errors": sum(r.error is not None for r in results),
+            "unhinted_answers": [r.raw[0][:600] for r in results if not r.hint and r.raw][:2]}
 
 
 def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float = 1e-5, seed: int = 0,
@@ -124,9 +139,9 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
             raise RuntimeError("no failed write among the rollouts: the probe has nothing to measure")
         hinter = make_hinter(cfg, policy)
         hinter.timeout = HINT_TIMEOUT_S   # the LLM source's limit per request (the rules have none)
-        asked = hints_for(hinter, episodes)
-        examples = [ep[-1] for ep, h in zip(episodes, asked) if h]
-        hints = [h for h in asked if h]
+        asked = ask_hints(hinter, episodes)
+        examples = [ep[-1] for ep, r in zip(episodes, asked) if r.hint]
+        hints = [r.hint for r in asked if r.hint]
         tok = policy.tokenizer
         plain = [policy.prompt_ids(e.messages, e.tools) for e in examples]
         hinted = [policy.prompt_ids(teacher_messages(e.messages, h), e.tools) for e, h in zip(examples, hints)]
@@ -153,7 +168,7 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
             "shared_prefix_tokens": min(shared, default=None),
             "gap_reference_after_prefix": mean_token([g[n:] for g, n in zip(gap_ref, shared)]),
             "gap_sampled_after_prefix": mean_token([g[n:] for g, n in zip(gap_sampled, shared)]),
-            "hint_examples": hints[:3], "reference_action": action_text(outdir.MKDIR),
+            "hint_examples": hints[:3], **hint_answers(asked), "reference_action": action_text(outdir.MKDIR),
             "sampled_example": episodes[0][-1].text}
         if updates == 0 or not examples:   # no hinted step: nothing for OPD to train on
             return {**figures, "wall_s": round(time.monotonic() - t0, 1)}

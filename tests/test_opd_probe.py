@@ -40,6 +40,10 @@ def test_the_probe_on_the_models_own_hints_counts_the_steps_it_hinted(terminal_i
                                     "timeout_s": opd_probe.HINT_TIMEOUT_S}
     assert len(got["hint_examples"]) == min(got["hinted"], 3)
     assert all(isinstance(h, str) and len(h) > 10 for h in got["hint_examples"])   # select_hint's minimum
+    answered = got["steps"] - got["hint_errors"]                # a failed request has no answer
+    assert sum(got["hint_votes"].values()) == answered * j.votes and got["hint_votes"]["1"] >= got["hinted"]
+    assert got["hinted"] <= got["answers_with_hint_text"] <= answered * j.votes
+    assert len(got["unhinted_answers"]) == min(got["steps"] - got["hinted"] - got["hint_errors"], 2)
     assert "/app/out/answer" in got["sampled_example"]                              # a failed write, hinted or not
     gaps = [got[k] for k in ("gap_reference", "gap_sampled", "gap_reference_after_prefix", "gap_sampled_after_prefix")]
     if got["hinted"]:
