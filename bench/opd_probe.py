@@ -14,8 +14,8 @@ seen:
    next state): ``--hint-source rules`` (the default), the error's last line
    (:func:`judges.rules.rule_hint`); ``judge``, the model's own hindsight hint
    (:class:`judges.hints.HintJudge` on the probed policy's weights, with the judge config's votes,
-   temperature and max_tokens). The hint is appended to the last environment turn as
-   :func:`judges.hints.teacher_messages` does in training. A step given no hint is left out of
+   temperature and max_tokens, and ``HINT_TIMEOUT_S`` per request). The hint is appended to the
+   last environment turn as :func:`judges.hints.teacher_messages` does in training. A step given no hint is left out of
    the gaps and the updates, as OPD leaves it out in training (``hinted`` counts the others;
    ``hint_votes``, ``answers_with_hint_text`` and ``unhinted_answers`` say what the source answered).
 2. **The teacher gap.** With the teacher the frozen model (``opd.teacher=reference``), the mean
