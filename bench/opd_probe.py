@@ -1,6 +1,7 @@
 """Does a hindsight hint give On-Policy Distillation a signal a model can use? A cheap probe.
 
-``python -m bench.opd_probe [--model smollm2] [--steps 16] [--updates 5] [--lr 1e-5] [--json]``
+``python -m bench.opd_probe [--model smollm2] [--steps 16] [--updates 5] [--lr 1e-5] [--hint-source rules|judge]
+[--json]``
 prints one JSON object; no RL run, no timed assertion. The protocol, fixed before any figure was
 seen:
 
@@ -8,9 +9,15 @@ seen:
    Docker sandboxes, a behaviour policy reads ``/app/note`` and then writes the word to
    ``/app/out/answer`` before the directory exists: the write fails (``No such file or
    directory``, exit 1). The step's prompt is the one the agent loop builds (the model's own chat
-   template, the tools, the history); its hint is the rule hint source's (the error's last line,
-   :func:`judges.rules.rule_hint`), appended to the last environment turn as
-   :func:`judges.hints.teacher_messages` does in training.
+   template, the tools, the history). Its hint comes from the hint source training builds
+   (:func:`train.wiring.make_hinter`), asked the request the rollout builds (task, history, action,
+   next state): ``--hint-source rules`` (the default), the error's last line
+   (:func:`judges.rules.rule_hint`); ``judge``, the model's own hindsight hint
+   (:class:`judges.hints.HintJudge` on the probed policy's weights, with the judge config's votes,
+   temperature and max_tokens, and ``HINT_TIMEOUT_S`` per request). The hint is appended to the
+   last environment turn as :func:`judges.hints.teacher_messages` does in training. A step given no hint is left out of
+   the gaps and the updates, as OPD leaves it out in training (``hinted`` counts the others;
+   ``hint_votes``, ``answers_with_hint_text`` and ``unhinted_answers`` say what the source answered).
 2. **The teacher gap.** With the teacher the frozen model (``opd.teacher=reference``), the mean
    per-token ``log pi_teacher(a | s + hint) - log pi_old(a | s)`` on the tokens of the reference
    action (``mkdir -p /app/out``, the step that should have been taken: ``gap_reference``) and of
@@ -45,15 +52,17 @@ from bench import finish, outdir_runs
 
 log = logging.getLogger(__name__)
 
+HINT_TIMEOUT_S = 3600.0   # per hint request; make_hinter's 60 s default would cut off every answer on 2 CPU cores
 
-def failed_writes(policy: Any, steps: int, parallel: int = 4) -> list[Any]:
-    """The failing writes of ``outdir:0:steps`` (one per seed: read the note, then write before
-    ``mkdir``), each with the next state it led to."""
+
+def failed_writes(policy: Any, steps: int, parallel: int = 4) -> list[list[Any]]:
+    """The episodes of ``outdir:0:steps`` (one per seed: read the note, then write before
+    ``mkdir``) whose last step, the write, failed; each step with the next state it led to."""
     from nextstate.envs.terminal import outdir
     from nextstate.judges.rules import rule_hint
 
     runs = outdir_runs(policy, f"outdir:0:{steps}", lambda t: [outdir.READ, outdir.write(t.data["value"])], parallel)
-    return [ep[-1] for ep in runs if ep and rule_hint(ep[-1].next_state)]
+    return [ep for ep in runs if ep and rule_hint(ep[-1].next_state)]
 
 
 def token_log_probs(model: Any, rows: list[tuple[list[int], list[int]]], pad_id: int) -> list[list[float]]:
@@ -80,31 +89,60 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def mean_token(rows: list[list[float]]) -> float:
-    """The mean over rows of each row's mean per-token value."""
-    return round(statistics.fmean(statistics.fmean(r) for r in rows), 4)
+def mean_token(rows: list[list[float]]) -> float | None:
+    """The mean over rows of each row's mean per-token value (None without rows)."""
+    return round(statistics.fmean(statistics.fmean(r) for r in rows), 4) if rows else None
+
+
+def ask_hints(hinter: Any, episodes: list[list[Any]]) -> list[Any]:
+    """``hinter``'s :class:`~judges.prm.JudgeResult` (its ``hint`` None when it gave none) on the last
+    step of each episode, asked the request the rollout builds."""
+    from bench.judge_agreement import requests
+
+    async def ask() -> list[Any]:
+        return await asyncio.gather(*(hinter.judge(requests([ep])[-1]) for ep in episodes))
+    return asyncio.run(ask())
+
+
+def hint_answers(results: list[Any]) -> dict[str, Any]:
+    """What the hint source answered: its votes over all answers (0: no ``\\boxed{}`` vote), the
+    answers holding a hint of more than 10 characters whatever their vote, the requests that
+    failed, and up to 2 answers of steps left unhinted (their first 600 characters)."""
+    from nextstate.judges.prm import parse_hint
+
+    answers = [a for r in results for a in r.raw]
+    return {"hint_votes": {str(v): sum(x == v for r in results for x in r.votes) for v in (1, -1, 0)},
+            "answers_with_hint_text": sum(len((parse_hint(a) or "").strip()) > 10 for a in answers),
+            "hint_errors": sum(r.error is not None for r in results),
+            "unhinted_answers": [r.raw[0][:600] for r in results if not r.hint and r.raw][:2]}
 
 
 def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float = 1e-5, seed: int = 0,
-          parallel: int = 4) -> dict[str, Any]:
+          parallel: int = 4, hint_source: str = "rules") -> dict[str, Any]:
     """The probe's figures (see the module docstring)."""
     from nextstate.agents.chat import action_text
     from nextstate.agents.hf_policy import HFPolicy
     from nextstate.envs.terminal import outdir
     from nextstate.judges.hints import teacher_messages
-    from nextstate.judges.rules import rule_hint
     from nextstate.train.batch import Batch, Sample
     from nextstate.train.config import load_config
     from nextstate.train.learner import Learner
+    from nextstate.train.wiring import make_hinter
 
     t0 = time.monotonic()
+    cfg = load_config("terminal", overrides=["opd.mode=opd", f"opd.hint_source={hint_source}",
+                                             "opd.teacher=reference", f"train.lr={lr}"])
     policy = HFPolicy(model, seed=seed)
     try:
-        examples = failed_writes(policy, steps, parallel)
-        if not examples:
+        episodes = failed_writes(policy, steps, parallel)
+        if not episodes:
             raise RuntimeError("no failed write among the rollouts: the probe has nothing to measure")
+        hinter = make_hinter(cfg, policy)
+        hinter.timeout = HINT_TIMEOUT_S   # the LLM source's limit per request (the rules have none)
+        asked = ask_hints(hinter, episodes)
+        examples = [ep[-1] for ep, r in zip(episodes, asked) if r.hint]
+        hints = [r.hint for r in asked if r.hint]
         tok = policy.tokenizer
-        hints = [rule_hint(e.next_state) for e in examples]
         plain = [policy.prompt_ids(e.messages, e.tools) for e in examples]
         hinted = [policy.prompt_ids(teacher_messages(e.messages, h), e.tools) for e, h in zip(examples, hints)]
         sampled = [tok.encode(e.text, add_special_tokens=False) for e in examples]
@@ -120,19 +158,21 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
         refs = [reference] * len(examples)
         shared = [shared_prefix(reference, s) for s in sampled]   # the tool-call format both begin with
         gap_ref, gap_sampled = gap(refs), gap(sampled)
+        j = cfg.judge
         figures: dict[str, Any] = {
-            "model": model, "steps": len(examples), "hint_source": "rules", "teacher": "reference",
+            "model": model, "steps": len(episodes), "hint_source": hint_source, "hinted": len(examples),
+            "hint_settings": None if hint_source == "rules" else
+            {"votes": j.votes, "temperature": j.temperature, "max_tokens": j.max_tokens, "timeout_s": HINT_TIMEOUT_S},
+            "teacher": "reference",
             "gap_reference": mean_token(gap_ref), "gap_sampled": mean_token(gap_sampled),
-            "shared_prefix_tokens": min(shared),
+            "shared_prefix_tokens": min(shared, default=None),
             "gap_reference_after_prefix": mean_token([g[n:] for g, n in zip(gap_ref, shared)]),
             "gap_sampled_after_prefix": mean_token([g[n:] for g, n in zip(gap_sampled, shared)]),
-            "hint_example": hints[0], "reference_action": action_text(outdir.MKDIR),
-            "sampled_example": examples[0].text}
-        if updates == 0:
+            "hint_examples": hints[:3], **hint_answers(asked), "reference_action": action_text(outdir.MKDIR),
+            "sampled_example": episodes[0][-1].text}
+        if updates == 0 or not examples:   # no hinted step: nothing for OPD to train on
             return {**figures, "wall_s": round(time.monotonic() - t0, 1)}
 
-        cfg = load_config("terminal", overrides=["opd.mode=opd", "opd.hint_source=rules", "opd.teacher=reference",
-                                                 f"train.lr={lr}"])
         learner = Learner(policy, cfg)
         before_ref, before_sampled = lps(learner.model, plain, refs), lps(learner.model, plain, sampled)
         history = []
@@ -163,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=5, help="OPD updates on those steps")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hint-source", choices=("rules", "judge"), default="rules",
+                    help="rules: the error's last line; judge: the model's own hindsight hint (default: rules)")
     ap.add_argument("--parallel", type=int, default=4, help="sandboxes at once")
     ap.add_argument("--json", action="store_true", help="one JSON object")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return finish("bench.opd_probe", lambda: probe(args.model, args.steps, args.updates, args.lr, args.seed,
-                                                   args.parallel),
+                                                   args.parallel, args.hint_source),
                   args.json, (RuntimeError, FileNotFoundError, ValueError), model=args.model)
 
 
