@@ -37,8 +37,9 @@ _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\b
                         re.M)
 # A test runner that is not there: no pytest for python3, or a runner command not found.
 _RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|python3?): (command )?not found")
-# pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
+# The sandbox's own addresses: a test that cannot reach one found no server the agent was to start.
 _LOOPBACK = re.compile(r"(localhost|127\.|0\.0\.0\.0$|::1$|\[::1\])")
+# pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
 _PYTEST_RAN = r"(^|[ =])[0-9]+ (passed|failed|errors?|skipped)\b.* in [0-9.]+s|no tests ran|test session starts"
 
 
