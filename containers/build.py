@@ -1,7 +1,9 @@
 """Image builds: `docker build` online, or on a Debian rootfs (mmdebstrap or debootstrap) offline.
 
 An image directory holds a ``Dockerfile`` that starts with ``ARG BASE=...`` /
-``FROM ${BASE}`` and may hold ``packages.txt``, the Debian packages it adds.
+``FROM ${BASE}`` and may hold ``packages.txt``, the Debian packages it adds, and
+``wheels.txt``, pinned pure-Python wheels from the package registry that the host
+downloads into its build context (``wheels/``; :func:`with_wheels`).
 When BASE defaults to ``nextstate/<name>:...`` of another image directory,
 that image is its parent.  Online, each Dockerfile installs its own
 ``packages.txt`` with apt-get.  Offline, the packages of the whole parent chain
@@ -57,10 +59,11 @@ BUILD_CA = "/usr/local/share/nextstate/host-ca.crt"
 # build ARGs, so they reach every RUN and stay out of the image's environment.
 CA_VARIABLES = ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO",
                 "NODE_EXTRA_CA_CERTS")
-#: A host a command's output says it could not reach (curl, apt, git, pip's and requests' urllib3);
-#: the host is the first group that matched.
+#: A host a command's output says it could not reach (curl, apt, git, pip's and requests' urllib3, Java's
+#: resolver: Gradle's wrapper, Maven); the host is the first group that matched.
 UNREACHABLE_HOST = (r"Could not resolve host: ([\w.-]+)|Temporary failure resolving '([^']+)'|unable to access "
-                    r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+) port|Could not resolve '([^']+)'")
+                    r"'https?://([^/':]+)|host='([^']+)'|Failed to connect to ([\w.-]+) port|Could not resolve '([^']+)'"
+                    r"|java\.net\.UnknownHostException: ([\w.-]+)")
 # Why a build failed, read from its output: (pattern, reason; {0} is the pattern's first group); the first
 # that matches wins, so a package "not found" for want of a network reads as no network.
 BUILD_FAILURES = (
@@ -178,6 +181,11 @@ def tag_of(name: str) -> str:
 def read_packages(directory: Path) -> list[str]:
     """The Debian packages a directory's packages.txt lists (comments allowed)."""
     return listed(directory / "packages.txt")
+
+
+def read_wheels(directory: Path) -> list[str]:
+    """The pinned pure-Python packages a directory's wheels.txt lists (``name==version``, comments allowed)."""
+    return listed(directory / "wheels.txt")
 
 
 def listed(path: Path) -> list[str]:
@@ -600,10 +608,38 @@ def build_chain(
     for i, directory in enumerate(dirs):
         last = i == len(dirs) - 1
         buildargs = {**args, **({"BASE": base} if base else {})}
-        base = docker_build(client, directory, buildargs, progress, tag=tag if last else None,
-                            labels=labels if last else None, network=network)
+        with with_wheels(directory, progress) as context:
+            base = docker_build(client, context, buildargs, progress, tag=tag if last else None,
+                                labels=labels if last else None, network=network)
     assert base is not None
     return base
+
+
+@contextlib.contextmanager
+def with_wheels(directory: Path, progress: Progress) -> Iterator[Path]:
+    """The build context of a known image: its directory, or, where it has a ``wheels.txt``, a copy
+    that holds those wheels in ``wheels/``, downloaded on this host from the package registry (its
+    pip, its CA bundle), so the build itself needs no network. Each must be pinned and pure Python
+    (``*-none-any.whl``): the image's Python need not be this host's."""
+    wanted = read_wheels(directory)
+    if not wanted:
+        yield directory
+        return
+    loose = [w for w in wanted if "==" not in w]
+    if loose:
+        raise progress.fail(f"{directory / 'wheels.txt'}: pin each wheel as name==version ({', '.join(loose)})")
+    with tempfile.TemporaryDirectory(prefix=f"nextstate-wheels-{directory.name}-") as scratch:
+        context = Path(scratch) / directory.name
+        shutil.copytree(directory, context, symlinks=True)
+        progress.say(f"pip download {' '.join(wanted)}")
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+               "--dest", str(context / "wheels"), *wanted]
+        if run_streamed(cmd, progress) != 0:
+            raise progress.fail(f"pip download of {directory.name}'s wheels failed: {failure_reason(progress.tail)}")
+        impure = sorted(w.name for w in (context / "wheels").glob("*.whl") if not w.name.endswith("-none-any.whl"))
+        if impure:
+            raise progress.fail(f"{directory / 'wheels.txt'}: not pure-Python wheels: {', '.join(impure)}")
+        yield context
 
 
 def finish(client: docker.DockerClient, tag: str, old: dict | None, progress: Progress) -> Built:

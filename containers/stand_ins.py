@@ -3,9 +3,9 @@
 ``python -m containers tag-stand-ins ubuntu:24.04 python:3.12-slim`` builds the stand-in that the
 base image tables name for each (the user's ``NEXTSTATE_BASE_IMAGES``, ``containers/base-images.yaml``
 for terminal-bench's ``ghcr.io/laude-institute/t-bench/*``, then ``containers/public-bases.yaml``:
-``tbench``, ``tbench-python``, ``tbench-dev``, ``tbench-trixie``, ``tbench-bullseye``) and tags it in the local engine
-as that name, so a tool that builds ``FROM ubuntu:24.04`` itself (Harbor's ``docker``
-environment, docker compose) finds it here unchanged. Nothing is tagged unless asked, and a name
+``tbench``, ``tbench-python``, ``tbench-dev``, ``tbench-trixie``, ``tbench-bullseye``, ``tbench-deveval``)
+and tags it in the local engine as that name, so a tool that builds ``FROM ubuntu:24.04`` itself
+(Harbor's ``docker`` environment, docker compose) finds it here unchanged. Nothing is tagged unless asked, and a name
 the engine already holds (the original, or another image) is left alone unless ``force``. The
 stand-ins differ from the originals as public-bases.yaml says.
 """

@@ -6,6 +6,7 @@ tmux, a ``run-tests.sh``/``test.sh`` that downloads uv, Harbor's reward files)."
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import uuid
@@ -172,8 +173,8 @@ def test_harbor_reward_mapping_and_test_names() -> None:
 def test_base_image_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text, mapped = resolve_from("FROM --platform=linux/amd64 ghcr.io/laude-institute/t-bench/deveval:latest AS b\n"
                                 "FROM ${BASE}\nFROM python:3.13-slim\n")
-    assert text.splitlines() == ["FROM nextstate/tbench-dev:latest AS b", "FROM ${BASE}", "FROM python:3.13-slim"]
-    assert mapped == {"ghcr.io/laude-institute/t-bench/deveval:latest": "nextstate/tbench-dev:latest"}
+    assert text.splitlines() == ["FROM nextstate/tbench-deveval:latest AS b", "FROM ${BASE}", "FROM python:3.13-slim"]
+    assert mapped == {"ghcr.io/laude-institute/t-bench/deveval:latest": "nextstate/tbench-deveval:latest"}
     assert resolve_from("FROM ghcr.io/laude-institute/t-bench/other:1\n")[0] == "FROM nextstate/tbench:latest\n"
     extra = tmp_path / "mine.yaml"
     extra.write_text('"python:3.13*": terminal\n"ghcr.io/laude-institute/t-bench/deveval:*": my/dev:1\n')
@@ -398,6 +399,9 @@ def test_a_failed_build_says_why() -> None:
     assert failure_reason(["COPY failed: file not found in build context or excluded by .dockerignore: stat "
                            "solution/: file does not exist"]) == \
         "the Dockerfile copies solution/, which its build context does not hold"
+    assert failure_reason(['Exception in thread "main" java.net.UnknownHostException: services.gradle.org',
+                           "\tat java.base/sun.nio.ch.NioSocketImpl.connect(NioSocketImpl.java:567)"]
+                          ) == "the build could not reach services.gradle.org"   # Gradle's wrapper
     assert "TLS certificate" in failure_reason(["SSL: CERTIFICATE_VERIFY_FAILED"])
     assert failure_reason(["The command '/bin/sh -c make' returned a non-zero code: 2"]) == \
         "`/bin/sh -c make` exited with 2"
@@ -443,6 +447,21 @@ def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_im
             docker_client.images.remove(tag, force=True)
         except Exception:
             pass
+
+
+def test_a_host_the_tests_could_not_reach_is_named() -> None:
+    from nextstate.envs.terminal.env import _unreachable_host
+
+    retry = ("WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) after "
+             "connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at "
+             "0x7f>: Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': "
+             "/simple/numpy/\nERROR: No matching distribution found for numpy\n")
+    assert _unreachable_host(retry) == "pypi.org"   # pip names the index's path only: its default index
+    assert _unreachable_host("Looking in indexes: https://mirror.example/simple\n" + retry) == "mirror.example"
+    assert _unreachable_host('Exception in thread "main" java.net.UnknownHostException: '
+                             "mirrors.cloud.tencent.com\n") == "mirrors.cloud.tencent.com"
+    assert _unreachable_host("curl: (7) Failed to connect to localhost port 8000: Connection refused") is None
+    assert _unreachable_host("ERROR: No matching distribution found for nextstate-no-such-package") is None
 
 
 def test_infrastructure_failures_are_told_apart_from_the_tasks() -> None:
@@ -497,9 +516,24 @@ def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_pat
         task(name)  # tests that fetch: from a host there is no route to, and from a server the agent did not start
         (tmp_path / name / "tests" / "test_outputs.py").write_text(
             f"import subprocess\n\ndef test_fetch():\n    subprocess.run(['curl', '-fsS', '{url}'], check=True)\n")
+    task("script-needs-host", run_tests="#!/bin/bash\nset -e\n"   # its fallback (it says uv) runs pytest alone
+         "git ls-remote https://nextstate-tests.invalid/x.git > /app/fetched\nsource $TEST_DIR/setup-uv-pytest.sh\n")
+    (tmp_path / "script-needs-host" / "tests" / "test_outputs.py").write_text(
+        "from pathlib import Path\n\ndef test_fetched():\n    assert Path('/app/fetched').stat().st_size\n")
+    harbor = tmp_path / "harbor-tests-need-host"   # a Harbor task whose test.sh writes no reward without the host
+    for path, text in (("task.toml", 'version = "1.0"\n[verifier]\ntimeout_sec = 30.0\n'),
+                       ("instruction.md", "Do nothing.\n"), ("solution/solve.sh", "#!/bin/bash\ntrue\n"),
+                       ("environment/Dockerfile", "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\n"),
+                       ("tests/test.sh", "#!/bin/bash\ngit ls-remote https://nextstate-tests.invalid/x.git && "
+                                         "echo 1 > /logs/verifier/reward.txt\n")):
+        (harbor / path).parent.mkdir(parents=True, exist_ok=True)
+        (harbor / path).write_text(text)
     assert main(["validate", "terminal", "--tasks", str(tmp_path), "--parallel", "2", "--backend", "docker"]) == 1
     out = capsys.readouterr().out
     lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("FAIL ")}
+    assert ("[infrastructure: unreachable host nextstate-tests.invalid]: the reference solution scored -1.00: "
+            "the tests could not reach nextstate-tests.invalid (the tests wrote no /logs/verifier/reward.txt or "
+            "reward.json)") in lines["harbor-tests-need-host"], lines["harbor-tests-need-host"]
     assert "[infrastructure: unreachable host nextstate-unreachable.invalid]" in lines["needs-host"]
     assert "[infrastructure: missing base example.invalid/nextstate-no-such-base:1]" in lines["no-base"]
     assert "[infrastructure: test runner did not start]" in lines["no-runner"]
@@ -508,9 +542,12 @@ def test_validate_names_the_infrastructure_failures(terminal_image: str, tmp_pat
             "the tests could not reach nextstate-tests.invalid (failed: test_outputs.py::test_fetch)") in lines[
         "tests-need-host"]
     assert "[infrastructure" not in lines["tests-need-server"]  # localhost: the agent's server, not the network
-    assert out.rstrip().endswith("0 passed, 6 failed (2 the tasks' own; infrastructure: 1 missing base "
+    assert ("[infrastructure: unreachable host nextstate-tests.invalid]: the reference solution scored -1.00: "
+            "the tests could not reach nextstate-tests.invalid (failed: test_outputs.py::test_fetched)") in lines[
+        "script-needs-host"], lines["script-needs-host"]
+    assert out.rstrip().endswith("0 passed, 8 failed (2 the tasks' own; infrastructure: 1 missing base "
                                  "example.invalid/nextstate-no-such-base:1, 1 test runner did not start, "
-                                 "1 unreachable host nextstate-tests.invalid, "
+                                 "3 unreachable host nextstate-tests.invalid, "
                                  "1 unreachable host nextstate-unreachable.invalid)")
 
 
@@ -653,6 +690,35 @@ def test_the_python_3_9_stand_in_is_bullseye_with_python_3_9(terminal_image: str
     assert out.startswith("Python 3.9.") and "\ncompiled\nbullseye\n" in out, out
     assert "No matching distribution" in out, out
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_deveval_stand_in_has_devevals_pytest_plugins_and_a_jdk(terminal_image: str, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    docker_client) -> None:
+    """terminal-bench's DevEval base offline: the pytest plugins its run-tests.sh scripts call
+    (``--cov``, ``--json-report``: a wheel from the registry, baked in at build time) and a JDK."""
+    monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
+    out = _run_built(docker_client, tmp_path, "FROM ghcr.io/laude-institute/t-bench/deveval:latest\n"
+                     "RUN printf 'def test_one():\\n    assert 1\\n' > /app/test_one.py\n",
+                     ["sh", "-c", "pytest -q --cov=. --cov-report=json:/tmp/cov.json --json-report "
+                                  "--json-report-file=/tmp/r.json test_one.py > /dev/null; echo rc=$?; "
+                                  "python3 -c \"import json; print(json.load(open('/tmp/r.json'))['summary'])\"; "
+                                  "test -s /tmp/cov.json && echo cov; javac -version 2>&1"])
+    assert out.startswith("rc=0\n{") and "'passed': 1" in out and "\ncov\njavac 17." in out, out
+
+
+def test_a_known_images_wheels_must_be_pinned(tmp_path: Path) -> None:
+    from nextstate.containers.build import Progress, with_wheels
+
+    (tmp_path / "wheels.txt").write_text("# a comment\npytest-metadata==3.1.1\npytest-json-report\n")
+    with pytest.raises(RuntimeError, match=r"pin each wheel as name==version \(pytest-json-report\)"):
+        with with_wheels(tmp_path, Progress("test")):
+            pass
+    (tmp_path / "wheels.txt").unlink()
+    with with_wheels(tmp_path, Progress("test")) as context:
+        assert context == tmp_path   # no wheels.txt: the directory itself
+
+
 APT_LISTS = Path("/var/lib/apt/lists")
 
 
@@ -663,16 +729,24 @@ def test_the_ubuntu_stand_in_takes_ubuntu_package_names(terminal_image: str, tmp
                                                         monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
     """``FROM ubuntu:24.04`` offline: the stand-in's apt-get rewrites the Ubuntu names Debian lacks
     (a table, and Ubuntu 24.04's ``t64`` suffix by rule) and leaves the rest. Simulated (``-s``)
-    against this machine's package lists, mounted read-only, so nothing is downloaded."""
+    against this machine's package lists, mounted read-only, so nothing is downloaded. An OpenJDK
+    of another version leaves the asked-for JDK directory (a task's JAVA_HOME) a link to the one
+    installed: here to a directory made in its place, as the simulation installs nothing."""
     monkeypatch.setenv("NEXTSTATE_OFFLINE", "1")
     names = "chromium-browser libasound2t64 postgresql-client-16 jq"
     unknown = "'Unable to locate package|has no installation candidate'"
+    jvm = "/usr/lib/jvm/java-{}-openjdk-$(dpkg --print-architecture)"
     out = _run_built(docker_client, tmp_path, "FROM ubuntu:24.04\n",
                      ["sh", "-c", f"apt-get -s install -y {names} 2>&1; echo rc=$?; "
-                                  f"/usr/bin/apt-get -s install -y {names} 2>&1 | grep -cE {unknown}"],
+                                  f"/usr/bin/apt-get -s install -y {names} 2>&1 | grep -cE {unknown}; "
+                                  f"mkdir -p {jvm.format(17)} && apt-get -s install -y openjdk-21-jdk-headless "
+                                  f"2>&1 > /dev/null && readlink {jvm.format(21)}"],
                      network_mode="none", volumes={str(APT_LISTS): {"bind": str(APT_LISTS), "mode": "ro"}})
     for ubuntu, debian in [("chromium-browser", "chromium"), ("libasound2t64", "libasound2"),
-                           ("postgresql-client-16", "postgresql-client")]:
+                           ("postgresql-client-16", "postgresql-client"),
+                           ("openjdk-21-jdk-headless", "openjdk-17-jdk-headless")]:
         assert f"installing Debian's {debian} for Ubuntu's {ubuntu}" in out, out
     assert "Ubuntu's jq" not in out and "Inst chromium " in out and "rc=0" in out, out
-    assert out.rstrip().endswith("\n3"), out  # Debian's own apt-get knows none of the three
+    assert "\n3\n" in out, out  # Debian's own apt-get knows none of the three
+    assert re.search(r"java-21-openjdk-\w+ is a link to Debian's /usr/lib/jvm/java-17-openjdk-\w+\n", out), out
+    assert re.search(r"\n/usr/lib/jvm/java-17-openjdk-\w+$", out.rstrip()), out

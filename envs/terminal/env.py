@@ -37,6 +37,9 @@ _DOWNLOADS = re.compile(r"^[^#\n]*(\bcurl\b|\bwget\b|\buvx?\b|\bpip3? install|\b
                         re.M)
 # A test runner that is not there: no pytest for python3, or a runner command not found.
 _RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|python3?): (command )?not found")
+# pip's retries of an index it cannot connect to (they name its path, not its host), and the index it names.
+_PIP_UNREACHABLE = re.compile(r"connection broken by '(NewConnectionError|ConnectTimeoutError).*': /\S*simple/")
+_PIP_INDEX = re.compile(r"Looking in indexes: https?://([^/:\s,]+)")
 # The sandbox's own addresses: a test that cannot reach one found no server the agent was to start.
 _LOOPBACK = re.compile(r"(localhost|127\.|0\.0\.0\.0$|::1$|\[::1\])")
 # pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
@@ -126,12 +129,16 @@ def _runner_failure(run: CommandResult, log: str) -> str | None:
 
 def _unreachable_host(log: str) -> str | None:
     """The first host, other than this sandbox's own loopback, that the tests' output says they could
-    not reach (a test that needs the internet where there is none: the infrastructure's failure)."""
+    not reach (a test that needs the internet where there is none: the infrastructure's failure).
+    pip's retries name only the index's path: their host is the index pip says it looks in, else PyPI."""
     from nextstate.containers.build import UNREACHABLE_HOST
     for found in re.finditer(UNREACHABLE_HOST, log):
         host = next(g for g in found.groups() if g)
         if not _LOOPBACK.match(host):
             return host
+    if _PIP_UNREACHABLE.search(log):
+        index = _PIP_INDEX.search(log)
+        return index.group(1) if index else "pypi.org"
     return None
 
 
@@ -208,7 +215,10 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         if fallback and not (run.timed_out or sandbox.run(
                 f"grep -qE {shlex.quote(_PYTEST_RAN)} {TEST_LOG}", timeout=30).exit_code):
             fallback = None  # the script ran its tests after all
+    script_log = ""   # what the script said before its fallback ran: a host it could not reach
     if fallback:
+        if run is not None:
+            script_log = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
         sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
         timeout = max(timeout, FALLBACK_TEST_TIMEOUT)
         run = run_tests(fallback[0], timeout)
@@ -226,21 +236,24 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         details.update(extra)
         if reward is None or not math.isfinite(reward):
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            no_reward = details.get("reason") or f"{extra.get('reward_file')} holds no finite reward"
             if run.timed_out:
                 details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
+            elif host := _unreachable_host(details["log_tail"] + "\n" + script_log):
+                details["reason"] = f"the tests could not reach {host} ({no_reward})"
             elif reward is None and (runner := _runner_failure(run, details["log_tail"])):
                 details["reason"] = runner
-            details.setdefault("reason", f"{extra.get('reward_file')} holds no finite reward")
+            details.setdefault("reason", no_reward)
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
         if reward < 1:
             details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
-            if host := _unreachable_host(details["log_tail"]):
+            if host := _unreachable_host(details["log_tail"] + "\n" + script_log):
                 details["reason"] = f"the tests could not reach {host} (reward {reward:g})"
         return Outcome(harbor_outcome(reward), details)
     if passed < len(tests) or not tests:
         details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
-        if host := _unreachable_host(details["log_tail"]):
+        if host := _unreachable_host(details["log_tail"] + "\n" + script_log):
             failed = ", ".join(name for name, status in tests.items() if status != "passed")
             details["reason"] = f"the tests could not reach {host}" + (f" (failed: {failed})" if failed else "")
     if not tests:
