@@ -207,6 +207,10 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         return sandbox.run(f"(cd {sandbox.spec.workdir} && export TEST_DIR={test_dir} {env} && {command}) "
                            f">{TEST_LOG} 2>&1", timeout=limit)
 
+    def log_tail() -> str:
+        """The last 3000 bytes of what the tests printed."""
+        return sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+
     script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
     fallback = _fallback_command(sandbox, task)
     run = None
@@ -218,7 +222,7 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     script_log = ""   # what the script said before its fallback ran: a host it could not reach
     if fallback:
         if run is not None:
-            script_log = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            script_log = log_tail()
         sandbox.run(f"rm -f {REWARD_DIR}/reward.txt {REWARD_DIR}/reward.json", timeout=30)
         timeout = max(timeout, FALLBACK_TEST_TIMEOUT)
         run = run_tests(fallback[0], timeout)
@@ -231,15 +235,21 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
                                "exit_code": run.exit_code, "timed_out": run.timed_out}
     if fallback:
         details["tests_fallback"] = fallback[1]
+
+    def unreachable() -> str | None:
+        """A host the tests' output (``details["log_tail"]``), or the script's before its fallback, says
+        they could not reach."""
+        return _unreachable_host(details["log_tail"] + "\n" + script_log)
+
     if harbor:
         reward, extra = _harbor_reward(sandbox)
         details.update(extra)
         if reward is None or not math.isfinite(reward):
-            details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
+            details["log_tail"] = log_tail()
             no_reward = details.get("reason") or f"{extra.get('reward_file')} holds no finite reward"
             if run.timed_out:
                 details["reason"] = f"the tests timed out after {timeout:g} s: {details.get('reason')}"
-            elif host := _unreachable_host(details["log_tail"] + "\n" + script_log):
+            elif host := unreachable():
                 details["reason"] = f"the tests could not reach {host} ({no_reward})"
             elif reward is None and (runner := _runner_failure(run, details["log_tail"])):
                 details["reason"] = runner
@@ -247,13 +257,13 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
             return Outcome(-1.0, details)
         details["harbor_reward"] = reward
         if reward < 1:
-            details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
-            if host := _unreachable_host(details["log_tail"] + "\n" + script_log):
+            details["log_tail"] = log_tail()
+            if host := unreachable():
                 details["reason"] = f"the tests could not reach {host} (reward {reward:g})"
         return Outcome(harbor_outcome(reward), details)
     if passed < len(tests) or not tests:
-        details["log_tail"] = sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
-        if host := _unreachable_host(details["log_tail"] + "\n" + script_log):
+        details["log_tail"] = log_tail()
+        if host := unreachable():
             failed = ", ".join(name for name, status in tests.items() if status != "passed")
             details["reason"] = f"the tests could not reach {host}" + (f" (failed: {failed})" if failed else "")
     if not tests:
