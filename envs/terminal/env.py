@@ -285,6 +285,12 @@ def _typed(keys: list[str], block: bool) -> list[str]:
     return [*keys, f"; tmux wait-for -S {TMUX_SESSION}-done", "Enter"]
 
 
+# The done signal can reach tmux before the command's last output does: once it came, wait (at most 5 s)
+# until the screen no longer ends with the typed line.
+_SETTLE = (f"i=0; while [ $i -lt 100 ] && tmux capture-pane -p -t {TMUX_SESSION} | grep -v '^ *$' | tail -n 1 "
+           f"| grep -q 'wait-for -S {TMUX_SESSION}-done *$'; do sleep 0.05; i=$((i + 1)); done")
+
+
 def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, timeout: float = 30.0,
                 capture: bool = True) -> str:
     """Shell that types ``keys`` into the sandbox's tmux pane (made on first use) and prints the screen.
@@ -296,7 +302,7 @@ def tmux_script(keys: list[str], *, wait: float = 1.0, block: bool = False, time
     s = TMUX_SESSION
     lines = [f"tmux has-session -t {s} 2>/dev/null || tmux new-session -d -s {s} -x 160 -y 48 || exit 1",
              f"tmux send-keys -t {s} -- {' '.join(shlex.quote(k) for k in _typed(keys, block))}",
-             f"timeout {timeout:g} tmux wait-for {s}-done" if block else f"sleep {wait:g}"]
+             f"timeout {timeout:g} tmux wait-for {s}-done && {{ {_SETTLE}; }}" if block else f"sleep {wait:g}"]
     if capture:
         lines.append(f"tmux capture-pane -p -t {s} | sed -e :a -e '/^\\n*$/{{$d;N;ba' -e '}}'")
     return "(\n" + "\n".join(lines) + "\n)"  # a subshell: `exit` must not end the sandbox's shell
@@ -317,6 +323,7 @@ def solution_keys_script(steps: list[dict[str, Any]], timeout: float) -> str:
             lines.append(f"t=$((end - SECONDS)); [ $t -gt {most} ] && t={most}; [ $t -lt 1 ] && t=1")
             lines.append(f"timeout $t tmux wait-for {s}-done || {{ tmux send-keys -t {s} C-c; "
                          f"echo 'solution.yaml step {i} did not finish in time: interrupted' >&2; exit 124; }}")
+            lines.append(_SETTLE)
         else:
             lines.append(f"sleep {step['min_timeout_sec']:g}")
     lines.append(f"tmux capture-pane -p -t {s}")
