@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import fnmatch
 import functools
+import glob
 import hashlib
 import os
 import re
@@ -32,6 +33,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import docker
@@ -39,6 +41,8 @@ import yaml
 from tqdm.auto import tqdm
 
 from nextstate.containers.engine import connect
+from nextstate.containers.uv_installer import CONTEXT_NAME as UV_CONTEXT
+from nextstate.containers.uv_installer import astral_answers, offline_uv, uv_wheel_binaries
 
 ROOT = Path(__file__).resolve().parent
 REPO = "nextstate"
@@ -194,6 +198,7 @@ def listed(path: Path) -> list[str]:
 
 
 BASE_TABLE = ROOT / "base-images.yaml"
+BASE_BUILDERS = "nextstate.base_builders"   # the entry-point group of base builders (:func:`built_bases`)
 PUBLIC_TABLE = ROOT / "public-bases.yaml"
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
 
@@ -232,6 +237,24 @@ def public_stand_ins(client: docker.DockerClient, text: str) -> list[tuple[str, 
     table = _read_table(PUBLIC_TABLE)
     first = [next((entry for entry in table if fnmatch.fnmatchcase(ref, entry[0])), None) for ref in refs]
     return list(dict.fromkeys(entry for entry in first if entry))   # the first match per reference
+
+
+def built_bases(client: docker.DockerClient, text: str, directory: Path) -> list[tuple[str, str]]:
+    """Entries for the ``FROM`` references of a Dockerfile's `text` (in the build context `directory`)
+    that no base image table maps and that are not here while no image registry answers, each built
+    here by a base builder: a function ``(reference, directory, client) -> local image`` (``None``: not
+    its reference) in the ``nextstate.base_builders`` entry-point group, so that packages above the
+    runtime can make a base from what a task ships (the SWE family: :func:`envs.swe.images.swebench_base`)."""
+    refs = [ref for ref in from_refs(text) if local_base(ref) is None and image_info(client, ref) is None]
+    if not refs or not is_offline(client):
+        return []
+    builders = [entry.load() for entry in entry_points(group=BASE_BUILDERS)]
+    found = []
+    for ref in refs:
+        local = next((local for builder in builders if (local := builder(ref, directory, client))), None)
+        if local:
+            found.append((glob.escape(ref), local))
+    return found
 
 
 def from_refs(text: str) -> list[str]:
@@ -729,7 +752,8 @@ def build_image(
     if not source.is_file():
         raise ValueError(f"no Dockerfile at {source}")
     original = source.read_text()
-    text, mapped = resolve_from(original, public_stand_ins(client, original))
+    text, mapped = resolve_from(original, [*built_bases(client, original, directory),
+                                           *public_stand_ins(client, original)])
     bases = {ref: (build(name, client=client).tag if (name := known_name(local)) else local)
              for ref, local in mapped.items()}
     base_arg = re.search(r"^\s*ARG\s+BASE\b", text, re.MULTILINE) is not None
@@ -741,6 +765,7 @@ def build_image(
         if info is None:
             raise ValueError(f"base image {ref!r} not found")
         ids.append(info["Id"])
+    text, uv_version = offline_uv(text) if not astral_answers() else (text, None)
     missing = [ref for ref in from_refs(text) if ref not in bases.values() and image_info(client, ref) is None]
     if missing and is_offline(client):
         raise ValueError(f"base image {missing[0]} is not here and cannot be pulled offline: map it to a "
@@ -767,14 +792,22 @@ def build_image(
                 bundle = host_ca_bundle() if net is None else None
                 with tempfile.TemporaryDirectory(prefix="nextstate-dockerfile-") as scratch:
                     context, path = directory, None  # the directory's own Dockerfile; else a rewritten one
-                    if bundle is not None:  # a copy of the context that holds the host's CA bundle too
-                        context = Path(scratch) / "context"
+                    if bundle is not None or uv_version is not None:  # a copy of the context that holds
+                        context = Path(scratch) / "context"           # the host's CA bundle, the offline uv
                         shutil.copytree(directory, context, symlinks=True)
-                        shutil.copy(bundle, context / "nextstate-host-ca.crt")
+                        added = []
+                        if bundle is not None:
+                            shutil.copy(bundle, context / "nextstate-host-ca.crt")
+                            text = trusting_host_ca(text, "nextstate-host-ca.crt")
+                            added.append("nextstate-host-ca.crt")
+                        if uv_version is not None:
+                            progress.say(f"astral.sh is not reachable: uv {uv_version or '(newest)'} from the "
+                                         "package registry stands in for its installer")
+                            uv_wheel_binaries(uv_version, context / UV_CONTEXT)
+                            added.append(UV_CONTEXT)
                         ignore = context / ".dockerignore"
                         if ignore.is_file():
-                            ignore.write_text(ignore.read_text() + "\n!nextstate-host-ca.crt\n")
-                        text = trusting_host_ca(text, "nextstate-host-ca.crt")
+                            ignore.write_text(ignore.read_text() + "".join(f"\n!{name}\n" for name in added))
                     if text != original or source != directory / "Dockerfile":
                         path = Path(scratch) / "Dockerfile"
                         path.write_text(text)

@@ -32,6 +32,7 @@ INFRASTRUCTURE = (
     (r"stopped answering|sandbox shell did not start|cannot start a shell|Docker engine not reachable|"
      r"no Docker engine of the pool answers", "sandbox died"),
     (r"the test runner could not start", "test runner did not start"),
+    (r"holds no git repository for (\S+)", "missing repository {0}"),
 )
 
 

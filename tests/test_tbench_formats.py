@@ -474,6 +474,10 @@ def test_infrastructure_failures_are_told_apart_from_the_tasks() -> None:
     assert infrastructure("SandboxError: sandbox ab12 (docker) stopped answering: gone") == "sandbox died"
     assert infrastructure("the reference solution scored -1.00: no pytest results found: the test runner could "
                           "not start (exit 127: pytest: command not found)") == "test runner did not start"
+    assert infrastructure("RuntimeError: building the SWE-bench base sweb.eval.x86_64.django__django-1:latest for "
+                          "swebench/sweb.eval.x86_64.django_1776_django-1:latest: SpecError: the repository source "
+                          "/m holds no git repository for django/django (looked for …)") == \
+        "missing repository django/django"
     assert infrastructure("the reference solution scored -1.00: failed: test_outputs.py::test_a") is None
     assert infrastructure("doing nothing already scores +1") is None
     checks = [Check("a", True, "", 1.0), Check("b", False, "doing nothing already scores +1", 2.0),

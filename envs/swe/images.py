@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -160,7 +161,7 @@ def repo_path(repo: str, source: str | None) -> Path | None:
                       root / f"{owner}__{name}", root / owner / name, root / f"{name}.git", root / name):
         if (candidate / "HEAD").is_file() or (candidate / ".git").exists():
             return candidate
-    raise SpecError(f"--repo-source {source} holds no git repository for {repo} (looked for {owner}+{name}/repo, "
+    raise SpecError(f"the repository source {source} holds no git repository for {repo} (looked for {owner}+{name}/repo, "
                     f"{owner}+{name}, {owner}__{name}.git, {owner}/{name})")
 
 
@@ -382,6 +383,38 @@ def build_swe(rows: list[dict[str, Any]], *, client: docker.DockerClient, parall
 
     with ThreadPoolExecutor(max(1, parallel)) as pool:
         yield from pool.map(one, rows)
+
+
+#: swebench's image names, local (``sweb.eval.x86_64.<instance_id>``) or on Docker Hub
+#: (``swebench/sweb.eval.x86_64.<instance_id with __ spelt _1776_>``), with any tag.
+SWEBENCH_IMAGE = re.compile(r"(?:docker\.io/)?(?:[\w.-]+/)?sweb\.eval\.[\w-]+\.(?P<name>[^:@/]+)(?:[:@].*)?")
+
+
+def swebench_base(ref: str, context: Path, client: docker.DockerClient) -> str | None:
+    """A base builder (:func:`containers.build.built_bases`): a task whose ``FROM`` names a SWE-bench
+    instance image (terminal-bench's and Harbor's SWE-bench tasks) gets that image built here by
+    ``build-swe`` from the instance's row: the task's own ``tests/config.json`` (as their adapters
+    ship it; beside or above the build context) or a row of the files ``NEXTSTATE_SWE_ROWS`` names
+    (``os.pathsep``-separated .jsonl/.json/.parquet). The repository comes from ``NEXTSTATE_SWE_REPOS``
+    (``--repo-source``'s format), else from GitHub. Not a SWE-bench name: ``None``."""
+    found = SWEBENCH_IMAGE.fullmatch(ref)
+    if not found:
+        return None
+    wanted = found.group("name").replace("_1776_", "__").lower()
+    rows = [json.loads(p.read_text()) for p in (context / "tests" / "config.json", context.parent / "tests" /
+                                                 "config.json", context / "config.json") if p.is_file()]
+    for source in filter(None, os.environ.get("NEXTSTATE_SWE_ROWS", "").split(os.pathsep)):
+        rows += load_instances(source)
+    row = next((r for r in rows if isinstance(r, dict) and str(r.get("instance_id", "")).lower() == wanted), None)
+    if row is None:
+        raise ValueError(f"base image {ref} is not here and cannot be pulled offline: a SWE-bench instance "
+                         f"image, which build-swe makes from the row of {wanted}, and neither the task "
+                         "(tests/config.json) nor NEXTSTATE_SWE_ROWS has it")
+    row = {k: v for k, v in row.items() if k not in ("image", "eval_script", "log_parser", "eval_type")}
+    built = next(build_swe([row], client=client, offline=True, repo_source=os.environ.get("NEXTSTATE_SWE_REPOS")))
+    if built.error:
+        raise RuntimeError(f"building the SWE-bench base {built.image} for {ref}: {built.error}")
+    return built.image
 
 
 def add_command(subparsers: Any) -> None:

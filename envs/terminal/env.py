@@ -116,6 +116,35 @@ def _fallback_command(sandbox: Sandbox, task: Task) -> tuple[str, str] | None:
     return command, why
 
 
+_SWEBENCH_VERDICT = re.compile(r"SWEBench results starts here\s+(PASSED|FAILED)\s+SWEBench results ends here")
+
+
+def swebench_verdict(sandbox: Sandbox, task: Task) -> tuple[dict[str, str], dict[str, Any]]:
+    """terminal-bench's ``swebench`` parser: ``{instance id: passed | failed}`` from the verdict that the
+    task's ``parser.py`` prints, and what the verdict came from. That script needs swebench from the
+    package registry (``uv run``), which a sandbox cannot reach; where it printed none, the verdict is
+    that of swebench's own log parser and report (the same library and functions), run on this host on
+    the test log with the task's row (``tests/config.json``). No row: ``{}``."""
+    log = sandbox.read_file(TEST_LOG).decode(errors="replace")
+    config = Path(task.data.get("dir") or ".", "tests", "config.json")
+    row = json.loads(config.read_text()) if config.is_file() else {}
+    name = row.get("instance_id", task.id)
+    if said := _SWEBENCH_VERDICT.findall(log):
+        return {name: "passed" if said[-1] == "PASSED" else "failed"}, {"verdict_from": "the task's parser.py"}
+    if not row:
+        return {}, {"reason": "parser.py printed no verdict, and the task has no tests/config.json to grade "
+                              "its log with"}
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
+    from nextstate.envs.swe.grading import log_report
+    from nextstate.envs.swe.instances import load_instances, make_test_spec
+    spec = make_test_spec(load_instances([row])[0])
+    report = log_report(spec, "nextstate", f"{START_TEST_OUTPUT}\n{log}\n{END_TEST_OUTPUT}")
+    return ({name: "passed" if report.get("resolved") else "failed"},
+            {"verdict_from": "swebench's log parser on this host (parser.py printed no verdict)",
+             "swebench_tests": report.get("tests_status", {})})
+
+
 def _runner_failure(run: CommandResult, log: str) -> str | None:
     """Why the test runner could not start (exit 126/127, or no pytest to run), else None."""
     if run.timed_out:
@@ -212,7 +241,8 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
         return sandbox.run(f"tail -c 3000 {TEST_LOG}", timeout=30).stdout
 
     script = f"{test_dir}/test.sh" if harbor else f"{test_dir}/run-tests.sh"
-    fallback = _fallback_command(sandbox, task)
+    swebench = data.get("parser_name") == "swebench"
+    fallback = None if swebench else _fallback_command(sandbox, task)
     run = None
     if data.get("run_tests") is not None:
         run = run_tests(f"bash --noprofile --norc {script}", timeout)
@@ -229,10 +259,10 @@ def grade_terminal_task(sandbox: Sandbox, task: Task) -> Outcome:
     assert run is not None
     # Only the last summary section counts: output the agent's code printed comes before it.
     summary = sandbox.run(f"tac {TEST_LOG} | sed '/short test summary info/q' | tac", timeout=30)
-    tests = parse_pytest_summary(summary.stdout)
+    tests, extra = swebench_verdict(sandbox, task) if swebench else (parse_pytest_summary(summary.stdout), {})
     passed = sum(v == "passed" for v in tests.values())
     details: dict[str, Any] = {"tests": tests, "passed": passed, "total": len(tests),
-                               "exit_code": run.exit_code, "timed_out": run.timed_out}
+                               "exit_code": run.exit_code, "timed_out": run.timed_out, **extra}
     if fallback:
         details["tests_fallback"] = fallback[1]
 

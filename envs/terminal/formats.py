@@ -4,7 +4,8 @@ Task directories of two formats load as written:
 
 * **terminal-bench**: ``task.yaml`` (``instruction``, ``difficulty``,
   ``category``, ``tags``, ``max_agent_timeout_sec``, ``max_test_timeout_sec``,
-  optional ``network`` and ``user``), a ``Dockerfile`` or a
+  optional ``network``, ``user`` and ``parser_name``: ``swebench`` grades with
+  :func:`~envs.terminal.env.swebench_verdict`, any other with pytest's summary), a ``Dockerfile`` or a
   ``docker-compose.yaml`` (the agent's service: its build context, Dockerfile,
   environment and user), ``run-tests.sh``, ``tests/`` and ``solution.sh`` or
   ``solution.yaml`` (commands typed into a tmux pane).
@@ -24,7 +25,9 @@ Dockerfile, if any, builds on ``ARG BASE=nextstate/terminal:latest`` /
 
 Images are built on first use; ``FROM`` references that cannot be pulled here
 (``ghcr.io/laude-institute/t-bench/*``) are mapped to local images by
-``containers/base-images.yaml``. Harbor tasks and tasks with an image of their
+``containers/base-images.yaml``; a SWE-bench instance image
+(``swebench/sweb.eval.*``) is built here from the task's row by ``build-swe``
+(:func:`envs.swe.images.swebench_base`). Harbor tasks and tasks with an image of their
 own (not built on ``${BASE}``) run as root, as terminal-bench and Harbor run
 them; the others run as the sandbox's ``agent``; ``user`` in the task file (or
 the compose service) and the env's ``user`` argument (which wins) say
@@ -56,7 +59,8 @@ DEFAULT_RUN_TESTS = '#!/bin/bash\npython3 -m pytest "$TEST_DIR" -rA\n'
 #: nextstate's offline versions of the scripts terminal-bench's harness puts in ``$TEST_DIR``.
 HARNESS_DIR = Path(__file__).parent / "harness"
 HARNESS_SCRIPTS = ("setup-uv-pytest.sh", "run-uv-pytest.sh")
-_YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user")
+_YAML_FIELDS = ("difficulty", "tags", "max_agent_timeout_sec", "max_test_timeout_sec", "network", "user",
+                "parser_name")
 # docker-compose variables terminal-bench and Harbor set, as this environment lays the sandbox out.
 _COMPOSE_VARS = {"T_BENCH_TEST_DIR": TEST_DIR, "T_BENCH_CONTAINER_LOGS_PATH": "/logs",
                  "T_BENCH_CONTAINER_AGENT_LOGS_PATH": "/agent-logs"}
