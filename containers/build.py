@@ -470,18 +470,22 @@ def docker_build(
     network: str | None = None,
     dockerfile: str | None = None,
     timeout: float | None = None,
+    nocache: bool = False,
 ) -> str:
     """Runs one `docker build` (of `dockerfile`, default the directory's), streaming its
     steps; returns the image id. The error of a failed build says why (:func:`failure_reason`);
-    one past `timeout` seconds (checked as its output comes) is stopped."""
+    one past `timeout` seconds (checked as its output comes) is stopped. A step that fails for no
+    reason its output names, after steps the cache served, is built once more without the cache:
+    the cause may be in a cached step's output (``curl URL | sh`` that could not reach its host
+    succeeds, and the next step finds no command)."""
     progress.say(f"docker build {directory.name} ({' '.join(f'{k}={v}' for k, v in buildargs.items())})")
     image_id = None
     deadline = time.monotonic() + timeout if timeout else float("inf")
     stream = client.api.build(
-        path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None,
+        path=str(directory), tag=tag, buildargs=buildargs, labels=labels or None, nocache=nocache,
         network_mode=network, rm=True, forcerm=True, pull=False, decode=True, dockerfile=dockerfile,
     )
-    pending = ""   # the engine's stream splits lines anywhere (a step's stderr comes a few bytes a chunk)
+    pending, cached = "", False   # the engine's stream splits lines anywhere (stderr comes a few bytes a chunk)
     for chunk in stream:
         if time.monotonic() > deadline:
             stream.close()
@@ -489,11 +493,19 @@ def docker_build(
         if "error" in chunk:
             progress.feed(_ANSI.sub("", pending))
             progress.feed(chunk["error"])
-            raise progress.fail(f"docker build of {directory} failed: {failure_reason(progress.tail)}"
+            reason = failure_reason(progress.tail)
+            if cached and not nocache and not any(re.search(p, "\n".join(progress.tail)) for p, _ in BUILD_FAILURES):
+                progress.say("the failing step's cause may be in the output of a step the cache served: "
+                             "building once more without the cache")
+                left = None if timeout is None else max(1.0, deadline - time.monotonic())
+                return docker_build(client, directory, buildargs, progress, tag=tag, labels=labels, network=network,
+                                    dockerfile=dockerfile, timeout=left, nocache=True)
+            raise progress.fail(f"docker build of {directory} failed: {reason}"
                                 + (" (built with --network=none)" if network == "none" else ""))
         *lines, pending = (pending + chunk.get("stream", "")).split("\n")
         for line in lines:
             progress.feed(_ANSI.sub("", line))
+            cached = cached or line.strip() == "---> Using cache"
         image_id = (chunk.get("aux") or {}).get("ID", image_id)
     progress.feed(_ANSI.sub("", pending))
     if image_id is None:

@@ -449,6 +449,21 @@ def test_a_task_build_installs_from_pypi_and_names_a_missing_package(terminal_im
             pass
 
 
+@pytest.mark.docker
+def test_a_host_a_cached_step_could_not_reach_is_still_named(terminal_image: str, tmp_path: Path,
+                                                             docker_client) -> None:
+    """``curl URL | sh`` succeeds when curl cannot reach its host, and the next step finds no command. On
+    a second build the cache serves the first step, whose output named the host: built once more
+    without the cache, the reason names it again."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {terminal_image}\nUSER root\n"
+                                         f"RUN curl -sS https://nextstate-unreachable.invalid/x | sh  # {uuid.uuid4()}\n"
+                                         "RUN nextstate-installed-tool --version\n")
+    tag = f"nextstate-test/cached-{uuid.uuid4().hex[:8]}:latest"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="failed: the build could not reach nextstate-unreachable.invalid"):
+            build_image(tmp_path, tag, client=docker_client, network=True)
+
+
 def test_a_host_the_tests_could_not_reach_is_named() -> None:
     from nextstate.envs.terminal.env import _unreachable_host
 

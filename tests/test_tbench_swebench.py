@@ -105,6 +105,7 @@ def _adapter_task(folder: Path, row: dict) -> None:
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_an_adapted_swebench_task_builds_its_base_and_passes_its_oracle_not_its_noop(
         terminal_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker_client) -> None:
     """The whole path offline: the base ``build-swe`` makes from the task's row (the repository from
