@@ -16,6 +16,11 @@ each variant with the same seeds and the same step budget through the local back
 * ``shuffled``: ``step_index`` with the judge's votes permuted across the batch's steps
   (a control: its gain over ``outcome`` must vanish if the votes' placement matters; not
   run on ``procedural``, whose rule votes are +1 on nearly every step);
+* ``step_index_llm`` and ``opd_llm``: ``step_index`` and ``opd`` with the model itself as the
+  judge (``judge.mode=policy``) and as the hint source (``opd.hint_source=judge``), the trained
+  weights asked as training asks them, at 160 tokens an answer and an hour per request (on 2
+  CPU cores the default 60 s would cut every answer off); not in the defaults (each judged step
+  costs a generation);
 * ``state``: outcome + rule judge, grouped by identical observed state;
 * ``trajectory``: outcome + rule judge, the outcome normalized per task group (one value per
   episode) plus each vote minus its episode's mean vote (:mod:`train.advantage`): the
@@ -55,12 +60,17 @@ from typing import Any
 from bench import report as show
 
 RULE_HINTS = ["opd.hint_source=rules", "opd.teacher=reference"]
+# the model as its own judge or hint source: answers as long as bench.judge_agreement measured them
+LLM_JUDGE = ["judge.max_tokens=160", "judge.timeout=3600"]
 VARIANTS = {
     "outcome": ["advantage.key=outcome", "judge.mode=none"],
     "step_index": ["advantage.key=step_index", "judge.mode=rules"],
     "opd": ["opd.mode=opd", *RULE_HINTS, "advantage.key=outcome", "judge.mode=none"],
     "combine": ["opd.mode=combine", *RULE_HINTS, "advantage.key=step_index", "judge.mode=rules"],
     "shuffled": ["advantage.key=step_index", "judge.mode=rules", "advantage.shuffle_votes=true"],
+    "step_index_llm": ["advantage.key=step_index", "judge.mode=policy", *LLM_JUDGE],
+    "opd_llm": ["opd.mode=opd", "opd.hint_source=judge", "opd.teacher=reference", "advantage.key=outcome",
+                "judge.mode=none", *LLM_JUDGE],
     "state": ["advantage.key=state", "judge.mode=rules"],
     "trajectory": ["advantage.key=trajectory", "judge.mode=rules"],
 }

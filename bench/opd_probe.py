@@ -52,7 +52,7 @@ from bench import finish, outdir_runs
 
 log = logging.getLogger(__name__)
 
-HINT_TIMEOUT_S = 3600.0   # per hint request; make_hinter's 60 s default would cut off every answer on 2 CPU cores
+HINT_TIMEOUT_S = 3600.0   # judge.timeout for the probe: the default 60 s per hint request would cut off every answer on 2 CPU cores
 
 
 def failed_writes(policy: Any, steps: int, parallel: int = 4) -> list[list[Any]]:
@@ -131,14 +131,13 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
 
     t0 = time.monotonic()
     cfg = load_config("terminal", overrides=["opd.mode=opd", f"opd.hint_source={hint_source}",
-                                             "opd.teacher=reference", f"train.lr={lr}"])
+                                             "opd.teacher=reference", f"train.lr={lr}", f"judge.timeout={HINT_TIMEOUT_S}"])
     policy = HFPolicy(model, seed=seed)
     try:
         episodes = failed_writes(policy, steps, parallel)
         if not episodes:
             raise RuntimeError("no failed write among the rollouts: the probe has nothing to measure")
         hinter = make_hinter(cfg, policy)
-        hinter.timeout = HINT_TIMEOUT_S   # the LLM source's limit per request (the rules have none)
         asked = ask_hints(hinter, episodes)
         examples = [ep[-1] for ep, r in zip(episodes, asked) if r.hint]
         hints = [r.hint for r in asked if r.hint]
@@ -162,7 +161,7 @@ def probe(model: str = "smollm2", steps: int = 16, updates: int = 5, lr: float =
         figures: dict[str, Any] = {
             "model": model, "steps": len(episodes), "hint_source": hint_source, "hinted": len(examples),
             "hint_settings": None if hint_source == "rules" else
-            {"votes": j.votes, "temperature": j.temperature, "max_tokens": j.max_tokens, "timeout_s": HINT_TIMEOUT_S},
+            {"votes": j.votes, "temperature": j.temperature, "max_tokens": j.max_tokens, "timeout_s": j.timeout},
             "teacher": "reference",
             "gap_reference": mean_token(gap_ref), "gap_sampled": mean_token(gap_sampled),
             "shared_prefix_tokens": min(shared, default=None),

@@ -282,3 +282,13 @@ def test_every_bench_run_starts_from_the_shared_warm_start(tmp_path: Path) -> No
     cfg = run_config("outdir", "combine", 3, 4, tmp_path, [*MODELS["smollm2"], "train.lr=2e-5"], 16)
     assert cfg.model.name == str(tmp_path) and cfg.sft.steps == 0 and cfg.run.seed == 3
     assert cfg.train.lr == 2e-5 and cfg.opd.mode == "combine" and cfg.eval.tasks.endswith(":16")
+
+
+def test_the_llm_sourced_variants_ask_the_model_itself_with_a_timeout_it_can_meet(tmp_path: Path) -> None:
+    from bench.learning import MODELS, run_config
+
+    judged = run_config("outdir", "step_index_llm", 0, 4, tmp_path, list(MODELS["smollm2"]), 16)
+    hinted = run_config("outdir", "opd_llm", 0, 4, tmp_path, list(MODELS["smollm2"]), 16)
+    assert (judged.judge.mode, judged.advantage.key, judged.opd.mode) == ("policy", "step_index", "rl")
+    assert (hinted.judge.mode, hinted.opd.mode, hinted.opd.hint_source) == ("none", "opd", "judge")
+    assert judged.judge.timeout == hinted.judge.timeout == 3600 and judged.judge.max_tokens == 160

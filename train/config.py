@@ -78,6 +78,7 @@ class JudgeConfig:
     hints: bool = False               # an LLM judge also asks for a hindsight hint (recorded with its votes)
     temperature: float = 0.6
     max_tokens: int = 1024
+    timeout: float = 60.0             # seconds per judge (or LLM hint) request; past it the step gets no votes
     weight: float = 1.0               # c in R_t = o + c * mean(votes)
 
 

@@ -212,7 +212,7 @@ def make_judge(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = N
         from nextstate.judges.rules import RuleJudge
         return RuleJudge(m=j.votes)
     return StepJudge(judge_backend(cfg, policy), m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, hints=j.hints,
-                     templates=templates)
+                     timeout=j.timeout, templates=templates)
 
 
 def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = None) -> Any:
@@ -226,4 +226,5 @@ def make_hinter(cfg: Config, policy: Any, templates: Mapping[str, Any] | None = 
         return RuleHints()
     from nextstate.judges.hints import HintJudge
     j = cfg.judge
-    return HintJudge(judge_backend(cfg, policy), m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens, templates=templates)
+    return HintJudge(judge_backend(cfg, policy), m=j.votes, temperature=j.temperature, max_tokens=j.max_tokens,
+                     timeout=j.timeout, templates=templates)
