@@ -57,6 +57,40 @@ def test_swebench_names_are_recognised_and_a_missing_row_is_said(tmp_path: Path)
         swebench_base("swebench/sweb.eval.x86_64.a_1776_b-1", tmp_path, client=None)
 
 
+
+def test_github_not_answering_is_an_unreachable_host_not_an_absent_requirements_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a local repository, a spec's requirements file is read from raw.githubusercontent.com;
+    offline that failed as the task's own ("none of tests/requirements/py3.txt exists in django/django")."""
+    import io
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from nextstate.envs.swe import images
+    from nextstate.envs.swe.specs import SpecError
+    from nextstate.envs.validate import infrastructure
+
+    row = {"instance_id": "django__django-15561", "repo": "django/django", "version": "4.1",
+           "base_commit": "6991880109e35c879b71b7d9d9c154baeec12b89",
+           "environment_setup_commit": "647480166bfe7532e8c471fef0146e3a17e6c0c9"}
+
+    def offline(url: str, timeout: float) -> None:
+        raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(SpecError, match=r"could not reach raw\.githubusercontent\.com for django/django's "
+                                        r"tests/requirements/py3\.txt at 647480166bfe") as raised:
+        images.requirements(row, {"requirements": ["tests/requirements/py3.txt"]}, None)
+    assert infrastructure(f"RuntimeError: building the SWE-bench base: SpecError: {raised.value}") == \
+        "unreachable host raw.githubusercontent.com"
+
+    def missing(url: str, timeout: float) -> None:
+        raise urllib.error.HTTPError(url, 404, "Not Found", {}, io.BytesIO())
+
+    monkeypatch.setattr(urllib.request, "urlopen", missing)   # GitHub answers: the file is absent
+    assert images.read_at("django/django", None, row["base_commit"], "nothing.txt") is None
+
 @pytest.mark.docker
 def test_the_offline_uv_installer_installs_uv_where_the_installer_would(terminal_image: str, tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch,

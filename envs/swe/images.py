@@ -48,6 +48,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -166,7 +167,8 @@ def repo_path(repo: str, source: str | None) -> Path | None:
 
 
 def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None:
-    """A file of ``repo`` at ``commit`` from the local source, else from GitHub; None if absent."""
+    """A file of ``repo`` at ``commit`` from the local source, else from GitHub; None if absent
+    (GitHub's 404). GitHub not answering is said, naming its host, not taken for an absent file."""
     local = repo_path(repo, source)
     if local is not None:
         shown = subprocess.run(["git", "--git-dir", str(local / ".git") if (local / ".git").exists() else str(local),
@@ -176,8 +178,14 @@ def read_at(repo: str, source: str | None, commit: str, path: str) -> str | None
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
             return response.read().decode()
-    except OSError:
-        return None
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise SpecError(f"raw.githubusercontent.com answered HTTP {e.code} for {repo}'s {path} at {commit[:12]}") from e
+    except OSError as e:
+        why = getattr(e, "reason", e)
+        raise SpecError(f"could not reach raw.githubusercontent.com for {repo}'s {path} at {commit[:12]} ({why}); "
+                        "a local copy of the repository: --repo-source or NEXTSTATE_SWE_REPOS") from e
 
 
 def first_file(row: dict[str, Any], paths: list[str], source: str | None) -> tuple[str, str]:
