@@ -79,20 +79,31 @@ class Decoded:
 
 def _choose(logits: torch.Tensor, temps: torch.Tensor, top_p: torch.Tensor,
             rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token of each row and its log-prob under ``log_softmax(logits / T)`` (T = 1 when greedy)."""
-    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    """Next token of each row and its log-prob under ``log_softmax(logits / T)`` (T = 1 when greedy).
+
+    A sampled row draws one uniform number from its own generator and takes the token where it
+    falls in the cumulative distribution (top-p truncated when ``top_p < 1``): one draw a token,
+    where ``torch.multinomial`` draws one per vocabulary entry. Only the chosen token's log-prob
+    is formed (its scaled logit minus the row's ``logsumexp``)."""
+    scaled = logits / temps[:, None]
+    norm = torch.logsumexp(scaled, dim=-1)
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if sampled:
-        probs = logp[sampled].exp()
-        p = top_p[sampled]
+        at = torch.tensor(sampled, device=logits.device)
+        probs = (scaled[at] - norm[at, None]).exp()
+        p = top_p[at]
         if bool((p < 1).any()):  # nucleus: keep the smallest prefix whose mass reaches top_p
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             drop = sorted_probs.cumsum(-1) - sorted_probs >= p[:, None]
             probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        for j, i in enumerate(sampled):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
-    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+        cdf = probs.cumsum(-1, dtype=torch.float64)
+        u = torch.cat([torch.rand(1, generator=rows[i].generator, dtype=torch.float64, device=logits.device)
+                       for i in sampled])
+        total = cdf[:, -1:].contiguous()
+        picked = torch.searchsorted(cdf, u[:, None] * total, right=True)
+        tokens[at] = torch.minimum(picked, torch.searchsorted(cdf, total))[:, 0]   # never past the last nonzero
+    return tokens, scaled.gather(-1, tokens[:, None])[:, 0] - norm
 
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]   # per layer: keys and values, each [heads, tokens, head_dim]
@@ -313,7 +324,13 @@ class _Preallocated(DynamicLayer):
         return self.n + query_length, 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k, self._v = self._k[indices], self._v[indices]
+        """Keep the batch rows ``indices``, in that order. Only rows that change place are
+        copied, in place (a row leaving the batch moves one other row, not the whole cache)."""
+        indices = torch.as_tensor(indices, device=self._k.device)
+        moved = (indices != torch.arange(len(indices), device=indices.device)).nonzero()[:, 0]
+        if len(moved):
+            self._k[moved], self._v[moved] = self._k[indices[moved]], self._v[indices[moved]]
+        self._k, self._v = self._k[:len(indices)], self._v[:len(indices)]
         self._view()
 
 
@@ -395,6 +412,48 @@ def _pad_left(mask: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], length - mask.shape[1])), mask], dim=1)
 
 
+class _Threads:
+    """The intra-op thread count of decode's forward passes: 1 or torch's own, whichever took less
+    time per token step lately. On a machine shared with other jobs two threads can be many times
+    slower than one (every parallel region waits for a thread the kernel has descheduled); on a
+    quiet machine two are faster. Every ``explore``-th step runs with the other count, and each
+    count keeps a moving average of its step time."""
+
+    def __init__(self, most: int, explore: int = 8):
+        self.options = sorted({1, most})
+        self.cost: dict[int, float] = {}
+        self.explore, self.steps = explore, 0
+
+    def best(self) -> int:
+        """The count with the lowest average (an untried one first)."""
+        return min(self.options, key=lambda n: self.cost.get(n, 0.0))
+
+    def pick(self) -> int:
+        """The count for the next step: the best, or every ``explore``-th step the other."""
+        self.steps += 1
+        best = self.best()
+        if self.steps % self.explore:
+            return best
+        return next((n for n in self.options if n != best), best)
+
+    def record(self, n: int, seconds: float) -> None:
+        self.cost[n] = seconds if n not in self.cost else (self.cost[n] + seconds) / 2
+
+
+_THREADS: dict[int, _Threads] = {}   # torch's own thread count -> its chooser (kept across decodes)
+
+
+@contextmanager
+def _chosen_threads() -> Iterator[_Threads]:
+    """The chooser for torch's current thread count; that count is back on exit (set in this
+    thread: another thread's setting is its own)."""
+    own = torch.get_num_threads()
+    try:
+        yield _THREADS.setdefault(own, _Threads(own))
+    finally:
+        torch.set_num_threads(own)
+
+
 @torch.no_grad()
 def decode(model: Any, rows: Sequence[Row], pad_id: int,
            text_of: Callable[[list[int]], str] | None = None, prefixes: PrefixCache | None = None,
@@ -421,8 +480,8 @@ def decode(model: Any, rows: Sequence[Row], pad_id: int,
     ends at once with its ``error`` set. Only models whose cache :class:`PrefixCache` supports
     take rows this way (others decode the rows they started with).
     """
-    with _fast_attention(model):
-        return _Decoder(model, pad_id, text_of, prefixes, max_scores, on_done, on_token).run(rows, join)
+    with _fast_attention(model), _chosen_threads() as threads:
+        return _Decoder(model, pad_id, text_of, prefixes, max_scores, on_done, on_token, threads).run(rows, join)
 
 
 class _Decoder:
@@ -431,8 +490,9 @@ class _Decoder:
 
     def __init__(self, model: Any, pad_id: int, text_of: Callable[[list[int]], str] | None,
                  prefixes: PrefixCache | None, max_scores: int, on_done: Callable[[int, Decoded], None] | None,
-                 on_token: Callable[[int, int], None] | None):
+                 on_token: Callable[[int, int], None] | None, threads: _Threads):
         self.model, self.pad_id, self.text_of, self.max_scores = model, pad_id, text_of, max_scores
+        self.threads = threads
         self.on_done, self.on_token, self.prefixes = on_done, on_token, prefixes
         self.reuse = _supported(model)
         self.store = prefixes if prefixes is not None and self.reuse else PrefixCache()
@@ -447,6 +507,7 @@ class _Decoder:
         self.mask = self.nxt = self.temps = self.top_p = self.logits = torch.empty(0)
 
     def run(self, rows: Sequence[Row], join: Callable[[int], Sequence[Row]] | None) -> list[Decoded]:
+        torch.set_num_threads(self.threads.best())
         self._add(rows)
         device = self.model.device
         while True:
@@ -454,6 +515,7 @@ class _Decoder:
             keep = [j for j, (i, tok, lp) in enumerate(zip(self.active, tokens.tolist(), logps.tolist()))
                     if self._step(j, i, tok, lp)]
             if keep and len(keep) < len(self.active):   # finished rows leave the batch and the cache
+                keep = _fill_gaps(keep)
                 sel = torch.tensor(keep, device=device)
                 self.cache.batch_select_indices(sel)
                 self.mask, self.nxt, self.temps, self.top_p = (self.mask[sel], self.nxt[sel], self.temps[sel],
@@ -463,9 +525,14 @@ class _Decoder:
             if not self.active:
                 return self.out
             self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.active), 1))], dim=1)
+            threads = self.threads.pick()
+            torch.set_num_threads(threads)
+            start = time.perf_counter()
             self.logits = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
                                      position_ids=self.nxt[:, None], past_key_values=self.cache,
                                      use_cache=True).logits[:, -1].float()
+            self.threads.record(threads, time.perf_counter() - start)
+            torch.set_num_threads(self.threads.best())   # for what comes next: sampling, joins
             self.nxt = self.nxt + 1
             if join is not None and self.reuse:
                 self._join(join(len(self.active)))
@@ -548,6 +615,15 @@ class _Decoder:
             room = max(self.rows[i].max_new_tokens - len(self.out[i].ids) for i in self.active)
             self.cache.layers = [_Preallocated([c[layer] for c in caches], length, room)
                                  for layer in range(len(self.cache.layers))]
+
+
+def _fill_gaps(keep: list[int]) -> list[int]:
+    """The batch positions ``keep`` (ascending) in a new order: those among the first
+    ``len(keep)`` stay where they are, the others fill the places of the rows that left."""
+    n = len(keep)
+    stay = {j for j in keep if j < n}
+    movers = iter(j for j in keep if j >= n)
+    return [q if q in stay else next(movers) for q in range(n)]
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
