@@ -78,6 +78,16 @@ class WeightsLock:
         self._turns.notify_all()
 
 
+def text_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` with each list content (OpenAI text and ``image_url`` parts) joined into one
+    string, an image as ``<image>``: a causal LM read through its tokenizer sees no pixels, and a
+    template written for string content (SmolLM2's: ``'...' + message['content']``) cannot render
+    a list (a GUI observation's screenshot). The same text the tiny preset's template writes."""
+    return [{**m, "content": "".join(p.get("text", "") if p.get("type") == "text" else "<image>"
+                                     for p in m["content"])}
+            if isinstance(m.get("content"), list) else m for m in messages]
+
+
 @dataclass
 class _Request:
     messages: list[dict]
@@ -141,7 +151,7 @@ class HFPolicy(Policy):
         """Token ids of the chat template applied to ``messages``, ready for the answer."""
         kw = {"tools": tools} if tools and self.renders_tools else {}
         with self._tokenizer_lock:  # callers on the event loop and in the worker share it
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+            return list(self.tokenizer.apply_chat_template(text_messages(messages), add_generation_prompt=True,
                                                            tokenize=True, return_dict=False, **kw))
 
     def count_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> int:

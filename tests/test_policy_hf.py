@@ -118,6 +118,24 @@ def test_tiny_renders_tools_and_make_policy():
     assert '"name": "bash"' in text and text.endswith("<|im_start|>assistant\n")
 
 
+def test_a_screenshot_in_the_prompt_reaches_a_template_that_takes_only_strings_as_image_text():
+    """A GUI observation is text and ``image_url`` parts; a template that concatenates the content
+    (SmolLM2's) raised TypeError on the list. The policy joins the parts, an image as ``<image>``,
+    the same text the tiny preset's own template writes."""
+    policy = HFPolicy("tiny", max_new_tokens=4)
+    shot = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    gui = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "Task: click OK"}, shot]}]
+    flat = [MESSAGES[0], {"role": "user", "content": "Task: click OK<image>"}]
+    assert policy.prompt_ids(gui) == policy.prompt_ids(flat)   # tiny's template: unchanged
+    policy.tokenizer.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] "
+                                      "+ '<|im_end|>\\n' }}{% endfor %}{{ '<|im_start|>assistant\\n' }}")
+    with pytest.raises(TypeError):
+        policy.tokenizer.apply_chat_template(gui, add_generation_prompt=True, tokenize=False)
+    assert policy.prompt_ids(gui) == policy.prompt_ids(flat)
+    assert policy.tokenizer.decode(policy.prompt_ids(gui)).count("<image>") == 1
+    assert policy.generate_sync(gui, temperature=0.0).prompt_ids == policy.prompt_ids(flat)
+
+
 def test_tokenizer_is_byte_level_bpe_with_single_token_tags():
     _, tok = load_tiny()
     text = "h\xe9llo\n\t \x00 <tool_call>{}</tool_call> \U0001F600"
