@@ -29,6 +29,9 @@ def action_text(action: Any) -> str:
     """A scripted action as the model would write it (Hermes ``<tool_call>`` JSON)."""
     if isinstance(action, str):
         return action
+    if "action_type" in action:   # a GUI oracle's OSWorld computer_13 dict: the computer tool's call
+        from nextstate.envs.gui.env import computer_call
+        action = {"name": "computer", "arguments": computer_call(action).arguments}
     return "<tool_call>" + json.dumps({"name": action["name"], "arguments": action.get("arguments", {})}) \
         + "</tool_call>"
 

@@ -341,3 +341,16 @@ def test_evaluate_reports_osworld_domains_and_skips(docker_client, tmp_path):
     rows = [json.loads(line) for line in results.splitlines()]
     assert {r["task_id"]: r["status"] for r in rows} == {"win-cmd": "skipped", "bluetooth-infeasible": "finished",
                                                         "dict-func": "skipped"}
+
+
+def test_a_gui_oracle_action_is_written_as_the_computer_tool_call_it_parses_back_to():
+    """Warm starts write each oracle action as the model would (``train.sft --env gui --source oracle``):
+    an OSWorld ``computer_13`` dict becomes the ``computer`` tool's call, not a KeyError on ``name``."""
+    from nextstate.agents.chat import action_text
+    from nextstate.envs.actions import parse_action
+    from nextstate.envs.gui.env import COMPUTER_TOOL, computer_call
+
+    for action in ({"action_type": "CLICK", "x": 10, "y": 20}, {"action_type": "TYPING", "text": "mira"},
+                   {"action_type": "DONE"}):
+        text = action_text(action)
+        assert text.startswith("<tool_call>") and parse_action(text, [COMPUTER_TOOL]) == computer_call(action)

@@ -217,7 +217,9 @@ def _code_in(text: str) -> str | None:
     return body if re.search(r"[(=]", body) else None
 
 
-def _computer_call(action: dict[str, Any]) -> ToolCall:
+def computer_call(action: dict[str, Any]) -> ToolCall:
+    """An OSWorld ``computer_13`` dict (``{"action_type": "CLICK", "x": 10, "y": 20}``) as the
+    ``computer`` tool's call."""
     args = {k: v for k, v in action.items() if k not in ("action_type", "parameters")}
     args.update(action.get("parameters") or {})
     args["action"] = action["action_type"]
@@ -495,7 +497,7 @@ class GUIEnv(NextStateEnv):
     def parse(self, action: Any) -> ToolCall:
         """computer_13 dicts, WAIT/DONE/FAIL, pyautogui code text, or a tool call."""
         if isinstance(action, dict) and "action_type" in action:
-            action = {"name": "computer", "arguments": _computer_call(action).arguments}
+            action = {"name": "computer", "arguments": computer_call(action).arguments}
         elif isinstance(action, str):
             word = action.strip().strip("`").strip().upper()
             if word in ("WAIT", "DONE", "FAIL"):
