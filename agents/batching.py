@@ -221,7 +221,7 @@ class PrefixCache:
                 del self._index[h]
 
 
-MIN_SHARED = 16   # a prefix rows of a batch share is prefilled on its own from this many tokens
+MIN_SHARED = 16   # a prefix rows of a batch share is prefilled on its own from this many new tokens
 
 
 def _shared_prefixes(prompts: Sequence[list[int]]) -> list[list[int]]:
@@ -580,7 +580,7 @@ class _Decoder:
         prompts = [r.prompt for r in rows]
         for prefix in _shared_prefixes(prompts) if reuse else ():
             n, kv = store.match(prefix)
-            if n < len(prefix):
+            if len(prefix) - n >= MIN_SHARED:   # a pass reads all the weights: a few tokens go with each row
                 n, kv = store.match(prefix, len(prefix) - 1)
                 _, cache, _, _ = _prefill(model, [prefix], [(n, kv)], pad_id)
                 store.add(prefix, [(k[0], v[0]) for k, v in _layers(cache)])
