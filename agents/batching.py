@@ -416,8 +416,9 @@ class _Threads:
     """The intra-op thread count of decode's forward passes: 1 or torch's own, whichever took less
     time per token step lately. On a machine shared with other jobs two threads can be many times
     slower than one (every parallel region waits for a thread the kernel has descheduled); on a
-    quiet machine two are faster. Every ``explore``-th step runs with the other count, and each
-    count keeps a moving average of its step time."""
+    quiet machine two are faster. Now and then a step runs with the other count: after
+    ``explore`` steps times how many times slower it was, so trying it costs at most about
+    1/``explore`` of the time. Each count keeps a moving average of its step time."""
 
     def __init__(self, most: int, explore: int = 8):
         self.options = sorted({1, most})
@@ -429,12 +430,14 @@ class _Threads:
         return min(self.options, key=lambda n: self.cost.get(n, 0.0))
 
     def pick(self) -> int:
-        """The count for the next step: the best, or every ``explore``-th step the other."""
-        self.steps += 1
+        """The count for the next step: the best, or, when its turn has come, the other."""
         best = self.best()
-        if self.steps % self.explore:
+        other = next((n for n in self.options if n != best), best)
+        self.steps += 1
+        if self.steps < self.explore * self.cost.get(other, 0.0) / max(self.cost.get(best, 0.0), 1e-9):
             return best
-        return next((n for n in self.options if n != best), best)
+        self.steps = 0
+        return other
 
     def record(self, n: int, seconds: float) -> None:
         self.cost[n] = seconds if n not in self.cost else (self.cost[n] + seconds) / 2
