@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,12 @@ from nextstate.containers.pool import docker_available
 
 # Task directories under fixtures/ hold their own test_outputs.py files: task data, not tests.
 collect_ignore = ["fixtures"]
+
+# Tests started in the background by a script (`bash .ci/run &`) get SIGINT ignored, and so would
+# every command they start: the Ctrl-C tests' commands would then run to their end. A handler here
+# is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TERMINAL_IMAGE = "nextstate/terminal:latest"
 ROOT = Path(__file__).resolve().parent.parent
