@@ -166,13 +166,16 @@ async def test_timeout_gives_no_votes_and_does_not_raise():
 
 def test_judge_timeout_is_a_setting_of_the_judge_and_the_llm_hint_source():
     from nextstate.judges.hints import HintJudge
-    from nextstate.train.config import load_config
+    from nextstate.train.config import ConfigError, load_config
     from nextstate.train.wiring import make_hinter, make_judge
 
     cfg = load_config("terminal", overrides=["judge.timeout=900", "opd.mode=opd", "opd.hint_source=judge"])
     judge, hinter = make_judge(cfg, CountingPolicy()), make_hinter(cfg, CountingPolicy())
     assert isinstance(hinter, HintJudge) and (judge.timeout, hinter.timeout) == (900.0, 900.0)
     assert make_judge(load_config("terminal"), CountingPolicy()).timeout == 60.0
+    for bad in ("0", "-1", "nan"):
+        with pytest.raises(ConfigError, match="judge.timeout must be a positive number of seconds"):
+            load_config("terminal", overrides=[f"judge.timeout={bad}"])
 
 
 async def test_server_error_gives_no_votes():

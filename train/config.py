@@ -429,6 +429,8 @@ def validate(cfg: Config) -> None:
          f"train.pack (on by default) needs train.loss_agg_mode=token-mean, got {cfg.train.loss_agg_mode!r}: "
          "set train.pack=false (a packed row holds several steps)"),
         (cfg.judge.votes >= 1, "judge.votes must be at least 1"),
+        (math.isfinite(cfg.judge.timeout) and cfg.judge.timeout > 0,
+         f"judge.timeout must be a positive number of seconds, got {cfg.judge.timeout!r}"),
         (cfg.sft.steps >= 0 and cfg.sft.batch_size >= 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
         (cfg.sft.steps == 0 or bool(cfg.sft.tasks), "sft.steps > 0 needs sft.tasks"),
         (cfg.sft.source in ("oracle", "hasty"), "sft.source must be oracle or hasty"),
