@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from nextstate.agents.batching import Batcher, Decoded, PrefixCache, Row, decode
-from nextstate.agents.policy import Generation, Policy, cut_at_stop, split_stops
+from nextstate.agents.policy import Generation, Policy, content_text, cut_at_stop, split_stops
 
 
 class WeightsLock:
@@ -83,9 +83,8 @@ def text_messages(messages: list[dict]) -> list[dict]:
     string, an image as ``<image>``: a causal LM read through its tokenizer sees no pixels, and a
     template written for string content (SmolLM2's: ``'...' + message['content']``) cannot render
     a list (a GUI observation's screenshot). The same text the tiny preset's template writes."""
-    return [{**m, "content": "".join(p.get("text", "") if p.get("type") == "text" else "<image>"
-                                     for p in m["content"])}
-            if isinstance(m.get("content"), list) else m for m in messages]
+    return [{**m, "content": content_text(m["content"], sep="")} if isinstance(m.get("content"), list) else m
+            for m in messages]
 
 
 @dataclass

@@ -112,8 +112,8 @@ class Policy(ABC):
         """Release connections or threads (no-op by default)."""
 
 
-def content_text(content: Any) -> str:
-    """The text of a message's content (string, or parts with images shown as ``<image>``)."""
+def content_text(content: Any, sep: str = "\n") -> str:
+    """The text of a message's content (string, or parts joined by ``sep``, images shown as ``<image>``)."""
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") if p.get("type") == "text" else "<image>" for p in content)
+        return sep.join(p.get("text", "") if p.get("type") == "text" else "<image>" for p in content)
     return "" if content is None else str(content)
