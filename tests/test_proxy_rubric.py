@@ -149,10 +149,12 @@ def test_turns_judged_after_a_change_are_judged_by_the_new_version(tmp_path):
                 if said.startswith("thanks"):   # turn 1's request carried the preference: v1 judges turn 1
                     wait_for(lambda: proxy.rubric.current.version == 1, "the rubric's change")
             wait_for(lambda: not proxy.pending and trainer.steps == 1 and not trainer.busy.is_set(), "the step")
-            prompts = [r["messages"][-1]["content"] for r in judge_server.requests]
+            # the two judgings run concurrently, so their requests may reach the server in either order
+            prompts = {"Step 1:" in p: p for p in (r["messages"][-1]["content"] for r in judge_server.requests)}
             health = httpx.get(url.removesuffix("/v1") + "/health").json()
     assert {r["step"]: r["rubric_version"] for r in rows(tmp_path, "judge")} == {0: 0, 1: 1}
-    assert "(rubric v" not in prompts[0] and "(rubric v1): judge against them too\n- Please be a bit more humorous." in prompts[1]
+    assert len(judge_server.requests) == 2 and set(prompts) == {False, True}
+    assert "(rubric v" not in prompts[False] and "(rubric v1): judge against them too\n- Please be a bit more humorous." in prompts[True]
     [v1] = [r for r in rows(tmp_path, "rubric") if r["version"] == 1]
     assert v1["cause"]["message"] == "Please be a bit more humorous." and v1["cause"]["step"] == 1
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
