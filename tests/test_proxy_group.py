@@ -24,7 +24,8 @@ QUERY = [{"role": "user", "content": "list the files in the repository"}]
 
 
 def groups(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines()]
+    path = run / "rollouts.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     return [r for r in rows if r["kind"] == "group"]
 
 
@@ -129,15 +130,22 @@ def test_best_of_n_with_the_quality_gate_trains_on_the_group(tmp_path):
     proxy = TrainingProxy(policy, tmp_path, trainer=trainer, model_name="tiny", max_tokens=24, group=group,
                           ranker=grouping.RuleRanker())
     with serving(proxy) as url:
-        calls = policy.decode_calls
-        # seed 6: the tiny model's 4 candidates get different rewards (most seeds' get equal ones)
-        answer = client(url).chat.completions.create(model="tiny", messages=QUERY, max_tokens=24, seed=6)
-        assert policy.decode_calls == calls + 1   # the 4 candidates: one batch
-        wait_for(lambda: not proxy.pending and not trainer.busy.is_set(), "the learner")
-    [g] = groups(tmp_path)
+        # the tiny model's 4 candidates often get equal rewards (a group with nothing to learn):
+        # ask with seeds 0, 1, ... until a group's rewards differ; the equal ones are not offered to train
+        for seed in range(16):
+            calls = policy.decode_calls
+            answer = client(url).chat.completions.create(model="tiny", messages=QUERY, max_tokens=24, seed=seed)
+            assert policy.decode_calls == calls + 1   # the 4 candidates: one batch
+            wait_for(lambda: len(groups(tmp_path)) > seed and not proxy.pending and not trainer.busy.is_set(),
+                     "the group's record and the learner")
+            if len(set(groups(tmp_path)[-1]["rewards"])) > 1:
+                break
+    *flat, g = groups(tmp_path)
+    assert len(set(g["rewards"])) > 1, "no seed in 0..15 gave the 4 candidates different rewards"
+    assert all(not any(f["advantages"]) for f in flat)
     assert len(g["texts"]) == 4 and g["chosen"] == max(range(4), key=lambda i: (g["rewards"][i], -i))
     assert answer.choices[0].message.content == g["texts"][g["chosen"]]
-    assert len(set(g["rewards"])) > 1 and g["advantages"] == pytest.approx(grouping.advantages(g["rewards"])[0])
+    assert g["advantages"] == pytest.approx(grouping.advantages(g["rewards"])[0])
     values, _ = grouping.rewards(group, grouping.Ranking(g["scores"]), QUERY, g["texts"])
     assert g["rewards"] == pytest.approx(values)
     trained = [json.loads(x) for x in (tmp_path / "advantages.jsonl").read_text().splitlines()]
