@@ -114,7 +114,7 @@ class SandboxPool:
         self._waiters: collections.deque[Callable[[Sandbox | None], bool]] = collections.deque()
         self._leased: set[Sandbox] = set()
         self._starting = 0
-        self._resetting = 0   # of those starting, the released sandboxes being reset
+        self._resetting: set[Sandbox] = set()   # of those starting, the released sandboxes being reset
         self._failures: collections.deque[str] = collections.deque(maxlen=5)
         self.resets: collections.Counter[str] = collections.Counter()   # "verified" / "discarded" resets
         self.discard_reasons: collections.deque[str] = collections.deque(maxlen=5)   # the latest unverified resets'
@@ -380,7 +380,7 @@ class SandboxPool:
         """(Lock held.) A pool that is not kept warm starts a sandbox for a waiting lease, while
         fewer than ``size`` are leased or starting and no reset under way will serve that lease."""
         if not self.warm and not self._closed and len(self._leased) + self._starting < self.size \
-                and len(self._waiters) > self._resetting:
+                and len(self._waiters) > len(self._resetting):
             self._starting += 1
             self._workers.submit(self._start_one)
 
@@ -399,7 +399,7 @@ class SandboxPool:
             reuse = self.reset == "reuse" and not self._closed
             if self.reset == "verified" and not self._closed:
                 self._starting += 1   # counted as starting while it resets
-                self._resetting += 1
+                self._resetting.add(sb)
                 self._workers.submit(self._reset_one, sb)
                 return
         if reuse and sb.is_alive():
@@ -413,7 +413,7 @@ class SandboxPool:
         outcome = None if result is None else "verified" if result.verified else "discarded"
         with self._lock:
             self._starting -= 1
-            self._resetting -= 1
+            self._resetting.discard(sb)
             if outcome:
                 self.resets[outcome] += 1
                 SandboxPool.all_resets[outcome] += 1
@@ -536,6 +536,7 @@ class SandboxPool:
         for w in waiters:  # wake everyone still waiting: they raise PoolClosed
             w(None)
         self._workers.shutdown(wait=True, cancel_futures=True)
+        boxes += self._resetting   # their resets were cancelled before they ran: nothing else removes them
         with ThreadPoolExecutor(max_workers=16) as ex:
             list(ex.map(self._destroy, boxes))
         if self.backend == "docker":
