@@ -13,7 +13,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from nextstate.containers.protocol import _KILL_TREE, STDERR, STDOUT, Sandbox, SandboxSpec
+from nextstate.containers.protocol import _KILL_TREE, STDERR, STDOUT, Sandbox, SandboxError, SandboxSpec
+
+_BWRAP_TRIES = 3
 
 
 class LocalSandbox(Sandbox):
@@ -34,24 +36,53 @@ class LocalSandbox(Sandbox):
         self.bwrap = shutil.which("bwrap")
         self._proc: subprocess.Popen | None = None
         self._sel: selectors.BaseSelector | None = None
-        self._start_shell()
+        try:
+            self._start_shell()
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     def _open_shell(self) -> None:
         cmd = ["bash", "--noprofile", "--norc"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root),
                "LANG": "C.UTF-8", **self.spec.env}
-        if self.bwrap:
-            cmd = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                   "--tmpfs", "/tmp", "--bind", str(self.root), str(self.root),
-                   "--die-with-parent", "--chdir", str(self.root),
-                   *([] if self.spec.network else ["--unshare-net"]), *cmd]
+        if not self.bwrap:
+            return self._popen(cmd, env)
+        for attempt in range(_BWRAP_TRIES):
+            info_r, info_w = os.pipe()
+            try:
+                self._popen([self.bwrap, "--info-fd", str(info_w), "--ro-bind", "/", "/", "--dev", "/dev",
+                             "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(self.root), str(self.root),
+                             "--die-with-parent", "--chdir", str(self.root),
+                             *([] if self.spec.network else ["--unshare-net"]), *cmd], env, pass_fds=(info_w,))
+            finally:
+                os.close(info_w)
+            with os.fdopen(info_r, "rb") as info:
+                if info.read():   # bubblewrap writes its child's pid once the sandbox is set up
+                    return
+            why = self._bwrap_error()
+            # binding / recursively can meet a mount that goes away meanwhile (a container engine's
+            # overlay): bubblewrap fails with "Unable to apply mount flags"; a second try binds what is left
+            if "mount" not in why or attempt == _BWRAP_TRIES - 1:
+                raise SandboxError(f"bubblewrap could not start the sandbox: {why}")
+
+    def _popen(self, cmd: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, cwd=self.root, env=env,
-                                      start_new_session=True)
+                                      start_new_session=True, pass_fds=pass_fds)
         self._sel = selectors.DefaultSelector()
         for f, stream in ((self._proc.stdout, STDOUT), (self._proc.stderr, STDERR)):
             os.set_blocking(f.fileno(), False)
             self._sel.register(f, selectors.EVENT_READ, stream)
+
+    def _bwrap_error(self) -> str:
+        """The last line bubblewrap wrote before it exited without starting the shell (the shell is closed)."""
+        assert self._proc is not None and self._proc.stderr is not None
+        self._proc.wait()
+        os.set_blocking(self._proc.stderr.fileno(), True)
+        lines = self._proc.stderr.read().decode(errors="replace").strip().splitlines()
+        self._close_shell()
+        return lines[-1] if lines else "it exited without a message"
 
     def _send(self, data: bytes) -> None:
         assert self._proc is not None and self._proc.stdin is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import time
 
@@ -145,6 +147,43 @@ def test_local_timeout_and_restart(local_box):
     r = local_box.run("sleep 30", timeout=0.5)
     assert r.timed_out and not r.shell_restarted
     assert local_box.run("echo ok").stdout == "ok\n"
+
+
+def _fake_bwrap(tmp_path, monkeypatch, fail_first: int, message: str) -> None:
+    """A ``bwrap`` first on PATH that fails its first ``fail_first`` starts with ``message`` (what a
+    mount race makes bubblewrap print: the race itself cannot be made on demand), then runs the real one."""
+    real = shutil.which("bwrap")
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "bwrap"
+    script.write_text(f"""#!/bin/bash
+n=$(cat {tmp_path}/starts 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/starts
+if [ "$n" -lt {fail_first} ]; then echo "bwrap: {message}" >&2; exit 1; fi
+exec {real} "$@"
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+def test_local_start_tries_again_when_a_mount_goes_away_meanwhile(tmp_path, monkeypatch):
+    _fake_bwrap(tmp_path, monkeypatch, 2, "Unable to apply mount flags: remount /var/lib/docker/overlay2/x/merged")
+    sb = LocalSandbox(SandboxSpec())
+    try:
+        assert sb.run("echo ok").stdout == "ok\n" and (tmp_path / "starts").read_text() == "3\n"
+    finally:
+        sb.close()
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
+@pytest.mark.parametrize("fail_first, message, starts", [
+    (99, "Creating new namespace failed: Operation not permitted", "1"),   # not a race: no second try
+    (99, "Unable to apply mount flags: remount /x: No such file or directory", "3"),
+])
+def test_local_start_that_bubblewrap_refuses_is_one_error(tmp_path, monkeypatch, fail_first, message, starts):
+    _fake_bwrap(tmp_path, monkeypatch, fail_first, message)
+    with pytest.raises(SandboxError, match="^bubblewrap could not start the sandbox: bwrap: " + message.split(":")[0]):
+        LocalSandbox(SandboxSpec())
+    assert (tmp_path / "starts").read_text().strip() == starts
 
 
 # -- hard edges (issue 15) ---------------------------------------------------------------------
