@@ -1,4 +1,5 @@
-"""The Docker backend: a :class:`DockerSandbox` is a container with no network, a non-root
+"""The Docker backend: a :class:`DockerSandbox` is a container with no network (unless its spec asks:
+then the bridge, with the host's CA bundle trusted, :func:`containers.build.host_ca_bundle`), a non-root
 user, all capabilities dropped, ``no-new-privileges`` and pids/memory/CPU limits. Its shell is
 one ``docker exec`` whose streams stay open (its socket, or FIFOs: :mod:`containers.shell_transport`);
 it speaks the protocol of :mod:`containers.protocol`.
@@ -305,13 +306,20 @@ class DockerSandbox(Sandbox):
         """Create the container, with the engine's storage quota when its driver has one."""
         import docker
 
+        volumes, env = self._shell.bind(), spec.env
+        if spec.network:   # pip, curl, git, uv and node in it trust what the host trusts (a TLS-inspecting proxy)
+            from nextstate.containers.build import BUILD_CA, CA_VARIABLES, host_ca_bundle
+            bundle = host_ca_bundle()
+            if bundle is not None:
+                volumes = {**(volumes or {}), str(bundle.resolve()): {"bind": BUILD_CA, "mode": "ro"}}
+                env = {**{var: BUILD_CA for var in CA_VARIABLES}, **env}
         kw = dict(init=True, labels=labels, user=spec.user, working_dir=spec.workdir,
-                  environment=spec.env, network_mode="bridge" if spec.network else "none",
+                  environment=env, network_mode="bridge" if spec.network else "none",
                   cap_drop=["ALL"], cap_add=ROOT_CAPS if spec.user in ("root", "0") else None,
                   security_opt=["no-new-privileges"],
                   pids_limit=spec.pids_limit, mem_limit=spec.memory, memswap_limit=spec.memory,
                   nano_cpus=int(spec.cpus * 1e9), auto_remove=False,
-                  volumes=self._shell.bind())
+                  volumes=volumes)
         engine = str(client.api.base_url)
         if self._disk_limit is not None and self._quota_support.get(engine, True):
             try:

@@ -112,6 +112,31 @@ def test_no_network_no_privileges_no_host_writes(docker_box, tmp_path):
 
 
 @pytest.mark.docker
+def test_a_sandbox_with_the_network_trusts_the_hosts_ca_bundle(docker_client, terminal_image, docker_box, tmp_path,
+                                                               monkeypatch):
+    """Its pip, requests, curl, git, uv and node are pointed at the host's bundle (a TLS-inspecting proxy the
+    host trusts); a sandbox without the network gets none of it."""
+    from nextstate.containers.build import BUILD_CA, CA_VARIABLES
+    bundle = tmp_path / "host-ca.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nnextstate test bundle\n-----END CERTIFICATE-----\n")
+    from nextstate.containers.build import CA_DEFAULTS
+    for var in CA_DEFAULTS:   # where host_ca_bundle looks first
+        monkeypatch.setenv(var, str(bundle))
+    sb = DockerSandbox(SandboxSpec(image=terminal_image, network=True, env={"PIP_CERT": "/own.crt"}), docker_client,
+                       containers.owner_labels("pytest-sandbox"))
+    try:
+        seen = dict(line.split("=", 1) for line in sb.run("env").stdout.splitlines() if "=" in line)
+        assert {var: seen.get(var) for var in CA_VARIABLES} == {**{var: BUILD_CA for var in CA_VARIABLES},
+                                                                "PIP_CERT": "/own.crt"}   # the spec's own wins
+        assert sb.read_file(BUILD_CA) == bundle.read_bytes()
+        assert sb.run(f"echo x > {BUILD_CA}").exit_code != 0   # read-only
+    finally:
+        sb.close()
+    assert "SSL_CERT_FILE" not in docker_box.run("env").stdout
+    assert docker_box.run(f"test -e {BUILD_CA}").exit_code != 0
+
+
+@pytest.mark.docker
 def test_copy_in_and_out(docker_box, tmp_path):
     src = tmp_path / "src"
     (src / "nested").mkdir(parents=True)

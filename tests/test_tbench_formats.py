@@ -58,6 +58,38 @@ def test_builtin_tasks_keep_the_agent_user() -> None:
     env.close()
 
 
+def test_each_format_gives_the_network_its_harness_gives(tmp_path: Path) -> None:
+    """terminal-bench's images and Harbor's ``public`` (its default) tasks have the network; a task that says
+    no, and nextstate's own tasks, have none; ``network=False`` (``env.network=none``) takes it from all."""
+    tasks = {t.id: t for t in load_terminal_tasks(FIXTURES)}
+    assert tasks["tb-compose-uv"].data["network"] is True and tasks["harbor-uv-fallback"].data["network"] is True
+    assert tasks["harbor-reward-txt"].data["network"] is False   # allow_internet = false
+    own = TerminalEnv()
+    assert not any(t.data.get("network") for t in own.tasks) and "network" not in own.sandbox_overrides(own.tasks[0])
+    own.close()
+    d = tmp_path / "tb-offline"
+    shutil.copytree(FIXTURES / "tb-compose-uv", d)
+    (d / "task.yaml").write_text((d / "task.yaml").read_text() + "network: false\n")
+    assert load_terminal_tasks(d)[0].data["network"] is False
+    h = tmp_path / "harbor"
+    shutil.copytree(FIXTURES / "harbor-uv-fallback", h)
+    toml = (h / "task.toml").read_text()
+    for mode, network in (("public", True), ("allowlist", True), ("no-network", False)):
+        (h / "task.toml").write_text(f'{toml}\n[environment]\nnetwork_mode = "{mode}"\n')
+        assert load_terminal_tasks(h)[0].data["network"] is network, mode
+    (h / "task.toml").write_text(f'{toml}\n[environment]\nnetwork_mode = "some"\n')
+    with pytest.raises(ValueError, match="network_mode 'some' is not public, allowlist or no-network"):
+        load_terminal_tasks(h)
+    env = TerminalEnv(FIXTURES, backend="local")
+    off = TerminalEnv(FIXTURES, backend="local", network=False)
+    try:
+        assert env.sandbox_overrides(tasks["tb-compose-uv"])["network"] is True
+        assert "network" not in off.sandbox_overrides(tasks["tb-compose-uv"])
+    finally:
+        env.close()
+        off.close()
+
+
 def test_tmux_tool_is_optional() -> None:
     names = lambda env: [t["function"]["name"] for t in env.tools]  # noqa: E731
     assert "tmux" not in names(TerminalEnv())
@@ -285,12 +317,14 @@ def test_task_image_cache_follows_the_resolved_base(terminal_image: str, tmp_pat
                 pass
 
 
-def test_training_config_sets_user_and_tmux() -> None:
-    from nextstate.train.config import load_config
+def test_training_config_sets_user_tmux_and_network() -> None:
+    from nextstate.train.config import ConfigError, load_config
     from nextstate.train.wiring import env_kwargs
     assert env_kwargs(load_config("terminal")) == {}
-    cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true"])
-    assert env_kwargs(cfg) == {"user": "root", "tmux": True}
+    cfg = load_config("terminal", overrides=["env.user=root", "env.tmux=true", "env.network=none"])
+    assert env_kwargs(cfg) == {"user": "root", "tmux": True, "network": False}
+    with pytest.raises(ConfigError, match="env.network must be task or none"):
+        load_config("terminal", overrides=["env.network=some"])
 
 
 def _play(script: str, tmp_path: Path) -> "subprocess.CompletedProcess[str]":
@@ -477,6 +511,22 @@ def test_a_host_the_tests_could_not_reach_is_named() -> None:
                              "mirrors.cloud.tencent.com\n") == "mirrors.cloud.tencent.com"
     assert _unreachable_host("curl: (7) Failed to connect to localhost port 8000: Connection refused") is None
     assert _unreachable_host("ERROR: No matching distribution found for nextstate-no-such-package") is None
+
+
+def test_behind_a_filtering_proxy_an_http_error_from_a_host_it_does_not_let_through_is_unreachable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NEXTSTATE_REACHABLE_HOSTS``: the proxy answers for a host it blocks (a 404 of its own), so an error
+    naming such a host's URL is the network's; one from a host it lets through, or loopback, is the task's."""
+    from nextstate.envs.terminal.env import _unreachable_host
+    judge = ("E   requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+             "http://38.80.122.117:8081/health\n")
+    mirror = "E   requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://pypi.org/simple/x/\n"
+    server = "E   requests.exceptions.HTTPError: 500 Server Error for url: http://127.0.0.1:8000/api\n"
+    assert _unreachable_host(judge) is None   # not filtered: a real server's 404 is the task's
+    monkeypatch.setenv("NEXTSTATE_REACHABLE_HOSTS", "pypi.org, *.pythonhosted.org deb.debian.org")
+    assert _unreachable_host(judge) == "38.80.122.117"
+    assert _unreachable_host(mirror) is None and _unreachable_host(server) is None
+    assert _unreachable_host("see http://38.80.122.117:8081 for the API\n") is None   # not an error line
 
 
 def test_infrastructure_failures_are_told_apart_from_the_tasks() -> None:

@@ -44,6 +44,7 @@ class EnvConfig:
     image_pools: str = "shared"       # shared (tasks' own images: pools shared by the run's envs) | per-env
     user: str | None = None           # terminal: run every task as this user (default: the task's)
     tmux: bool = False                # terminal: offer the Terminus-style `tmux` tool
+    network: str = "task"             # terminal: task (the network a task's format gives it) | none (no sandbox has it)
 
 
 @dataclass
@@ -441,6 +442,7 @@ def validate(cfg: Config) -> None:
         (cfg.env.sandbox_backend in ("auto", "docker", "local"), "env.sandbox_backend must be auto, docker or local"),
         (cfg.env.sandbox_reset in ("replace", "verified"), "env.sandbox_reset must be replace or verified"),
         (cfg.env.image_pools in ("shared", "per-env"), "env.image_pools must be shared or per-env"),
+        (cfg.env.network in ("task", "none"), "env.network must be task or none"),
         (_size_ok(cfg.env.sandbox_disk), f"env.sandbox_disk must be a size like 2g or 512m, got {cfg.env.sandbox_disk!r}"),
         (cfg.verl.rollout_engine in ("vllm", "sglang"), "verl.rollout_engine must be vllm or sglang"),
         (cfg.verl.device in ("auto", "gpu", "cpu"), "verl.device must be auto, gpu or cpu"),

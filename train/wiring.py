@@ -132,8 +132,9 @@ def chat_config(cfg: Config) -> ChatConfig:
 
 
 def env_kwargs(cfg: Config) -> dict[str, Any]:
-    """The env options the config sets (``env.user``, ``env.tmux``; terminal only), and no others."""
-    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {})}
+    """The env options the config sets (``env.user``, ``env.tmux``, ``env.network``; terminal only), and no others."""
+    return {**({"user": cfg.env.user} if cfg.env.user else {}), **({"tmux": True} if cfg.env.tmux else {}),
+            **({"network": False} if cfg.env.network == "none" else {})}
 
 
 def load_tasks(cfg: Config, source: Any = None) -> list[Any]:

@@ -6,6 +6,7 @@ families) are :mod:`envs.terminal.formats`'s.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import math
@@ -40,6 +41,11 @@ _RUNNER_MISSING = re.compile(r"No module named pytest|\b(pytest|py\.test|uvx?|py
 # pip's retries of an index it cannot connect to (they name its path, not its host), and the index it names.
 _PIP_UNREACHABLE = re.compile(r"connection broken by '(NewConnectionError|ConnectTimeoutError).*': /\S*simple/")
 _PIP_INDEX = re.compile(r"Looking in indexes: https?://([^/:\s,]+)")
+#: Shell wildcards (space or comma separated) of the hosts the network lets through, where a proxy filters it
+#: and answers for the others itself (an HTTP error, not a failed connection); unset: not filtered.
+REACHABLE_HOSTS = "NEXTSTATE_REACHABLE_HOSTS"
+# A URL's host on a line that says error (requests' "404 Client Error: Not Found for url: http://HOST/...").
+_ERROR_URL_HOST = re.compile(r"^.*error.*?\bhttps?://([A-Za-z0-9.-]+)", re.I | re.M)
 # The sandbox's own addresses: a test that cannot reach one found no server the agent was to start.
 _LOOPBACK = re.compile(r"(localhost|127\.|0\.0\.0\.0$|::1$|\[::1\])")
 # pytest's last line ("3 passed, 1 failed in 0.5s", "no tests ran") or header: the tests ran.
@@ -159,7 +165,9 @@ def _runner_failure(run: CommandResult, log: str) -> str | None:
 def _unreachable_host(log: str) -> str | None:
     """The first host, other than this sandbox's own loopback, that the tests' output says they could
     not reach (a test that needs the internet where there is none: the infrastructure's failure).
-    pip's retries name only the index's path: their host is the index pip says it looks in, else PyPI."""
+    pip's retries name only the index's path: their host is the index pip says it looks in, else PyPI.
+    Where ``NEXTSTATE_REACHABLE_HOSTS`` names the hosts the network lets through, an error line that
+    names a URL of another host counts too (a filtering proxy answers for such hosts itself)."""
     from nextstate.containers.build import UNREACHABLE_HOST
     for found in re.finditer(UNREACHABLE_HOST, log):
         host = next(g for g in found.groups() if g)
@@ -168,6 +176,11 @@ def _unreachable_host(log: str) -> str | None:
     if _PIP_UNREACHABLE.search(log):
         index = _PIP_INDEX.search(log)
         return index.group(1) if index else "pypi.org"
+    reachable = os.environ.get(REACHABLE_HOSTS, "").replace(",", " ").split()
+    if reachable:
+        for host in _ERROR_URL_HOST.findall(log):
+            if not _LOOPBACK.match(host) and not any(fnmatch.fnmatch(host.lower(), p.lower()) for p in reachable):
+                return host
     return None
 
 
@@ -379,6 +392,8 @@ class TerminalEnv(NextStateEnv):
         user: run every task as this user (default: the task's, see the module doc).
         tmux: also offer the ``tmux`` tool (keystrokes into a tmux pane, the screen back),
             the way terminal-bench's Terminus agent acts.
+        network: give a task's sandbox the network its format gives it (terminal-bench's images and
+            Harbor's ``public`` tasks have it); False: no sandbox has it (``env.network=none``).
     """
 
     family = "terminal"
@@ -395,8 +410,9 @@ class TerminalEnv(NextStateEnv):
         tool_schema("finish", "Call this when the task is complete; the result is then checked."),
     ]
 
-    def __init__(self, tasks: Any = None, *, user: str | None = None, tmux: bool = False, **kwargs: Any):
-        self.user = user
+    def __init__(self, tasks: Any = None, *, user: str | None = None, tmux: bool = False, network: bool = True,
+                 **kwargs: Any):
+        self.user, self.network = user, network
         self.broken_tasks: list[tuple[str, str]] = []
         if tmux:
             self.tools = [*type(self).tools[:-1], TMUX_TOOL, type(self).tools[-1]]
@@ -442,7 +458,7 @@ class TerminalEnv(NextStateEnv):
             overrides["image"] = built[0]
             if built[1]:
                 overrides["workdir"] = built[1]
-        if task.data.get("network"):
+        if task.data.get("network") and self.network:
             overrides["network"] = True
         user = self.user or task.data.get("user")
         if user:

@@ -4,16 +4,18 @@ Task directories of two formats load as written:
 
 * **terminal-bench**: ``task.yaml`` (``instruction``, ``difficulty``,
   ``category``, ``tags``, ``max_agent_timeout_sec``, ``max_test_timeout_sec``,
-  optional ``network``, ``user`` and ``parser_name``: ``swebench`` grades with
-  :func:`~envs.terminal.env.swebench_verdict`, any other with pytest's summary), a ``Dockerfile`` or a
+  optional ``network`` (a task on terminal-bench's own images has it unless it says ``false``, as
+  terminal-bench's harness gives it; nextstate's own tasks have none unless they ask), ``user`` and
+  ``parser_name``: ``swebench`` grades with :func:`~envs.terminal.env.swebench_verdict`, any other
+  with pytest's summary), a ``Dockerfile`` or a
   ``docker-compose.yaml`` (the agent's service: its build context, Dockerfile,
   environment and user), ``run-tests.sh``, ``tests/`` and ``solution.sh`` or
   ``solution.yaml`` (commands typed into a tmux pane).
 * **Harbor** (terminal-bench 2.0): ``task.toml`` (``schema_version`` or
   ``version`` 1.x; ``[task]`` ``name``, ``keywords``; ``[agent]``/``[verifier]``
   ``timeout_sec`` and ``user``; ``[verifier]`` ``env``; ``[environment]``
-  ``allow_internet``, ``memory_mb``, ``cpus``, ``gpus``, ``storage_mb`` (the
-  sandbox's disk limit), ``build_timeout_sec``, ``docker_image`` (a prebuilt
+  ``network_mode`` (``public`` by default, as Harbor's; or the older ``allow_internet``),
+  ``memory_mb``, ``cpus``, ``gpus``, ``storage_mb`` (the sandbox's disk limit), ``build_timeout_sec``, ``docker_image`` (a prebuilt
   image), ``workdir`` (the sandbox's working directory)), ``instruction.md``,
   ``environment/`` (``Dockerfile`` or ``docker-compose.yaml`` with a ``main``
   service), ``tests/test.sh`` (writes ``/logs/verifier/reward.txt`` or
@@ -124,7 +126,9 @@ def _task_from_dir(d: Path) -> Task:
     data["format"] = "terminal-bench"
     _environment(d, data)
     if data["image_ref"] or (data["build"] and not _builds_on_base_arg(data["build"])):
-        data["user"] = "root"  # terminal-bench's images (not ours: `ARG BASE=nextstate/...`) run as root
+        # terminal-bench's images (not ours: `ARG BASE=nextstate/...`) run as root, with the network its
+        # harness gives every task (its compose services are on a bridge network)
+        data.update(user="root", network=True)
     data.update({k: meta[k] for k in _YAML_FIELDS if meta.get(k) is not None})
     run_tests = d / "run-tests.sh"
     data["run_tests"] = run_tests.read_text() if run_tests.is_file() else DEFAULT_RUN_TESTS
@@ -150,7 +154,7 @@ def _harbor_task(d: Path, data: dict[str, Any]) -> Task:
               "harbor_name": head.get("name"),
               "max_agent_timeout_sec": agent.get("timeout_sec"),
               "max_test_timeout_sec": verifier.get("timeout_sec"),
-              "network": env.get("allow_internet"),
+              "network": harbor_network(env),
               "user": agent.get("user") or meta.get("user") or env.get("user"),
               "verifier_user": verifier.get("user"),
               "memory": f"{int(env['memory_mb'])}m" if env.get("memory_mb") else _size(env.get("memory")),
@@ -222,6 +226,18 @@ def _environment(d: Path, data: dict[str, Any], service: str | None = None,
         data["user"] = str(svc["user"])
     data["services"] = [n for n in services if n != name]
     data["service"] = name
+
+
+def harbor_network(environment: dict[str, Any]) -> bool:
+    """Whether a Harbor task's sandbox has the network: ``[environment]`` ``network_mode`` (``public``, the
+    default, or ``allowlist``, whose list is not enforced here: the whole network; ``no-network``: none), else
+    the older ``allow_internet``."""
+    mode = environment.get("network_mode")
+    if mode is None:
+        return bool(environment.get("allow_internet", True))
+    if mode not in ("public", "allowlist", "no-network"):
+        raise ValueError(f"task.toml: [environment] network_mode {mode!r} is not public, allowlist or no-network")
+    return mode != "no-network"
 
 
 def _builds_on_base_arg(build: dict[str, Any]) -> bool:
