@@ -168,6 +168,9 @@ class CommandResult:
         return asdict(self)
 
 
+_EXIT_CODE = re.compile(rb"-?\d+")
+
+
 class _Capped:
     """One stream of one command: the first ``limit`` bytes before its end marker, the exit
     code after it, and whatever came after that (output of background jobs).
@@ -178,7 +181,7 @@ class _Capped:
 
     def __init__(self, limit: int | None, marker: bytes, with_code: bool):
         self.limit = limit
-        self.end = re.compile(re.escape(marker) + (rb"(-?\d+)\x1e" if with_code else b""))
+        self.marker, self.with_code = marker, with_code
         self.keep = len(marker) + 8   # the longest end that can straddle two chunks
         self.body = bytearray()
         self.pending = b""
@@ -192,16 +195,30 @@ class _Capped:
             self.late += data
             return
         data = self.pending + data
-        m = self.end.search(data)
-        if m:
-            self._keep(data[:m.start()])
-            self.code = int(m.group(1)) if m.groups() else None
-            self.late += data[m.end():]
+        end = self._end(data)
+        if end:
+            start, stop, self.code = end
+            self._keep(data[:start])
+            self.late += data[stop:]
             self.pending, self.finished = b"", True
         else:
             cut = max(0, len(data) - self.keep)
             self._keep(data[:cut])
             self.pending = data[cut:]
+
+    def _end(self, data: bytes) -> tuple[int, int, int | None] | None:
+        """Where the first whole end marker in ``data`` starts and stops, and the exit code in it
+        (a plain search: a pattern compiled per command, its nonce in it, cost more than the rest)."""
+        at = data.find(self.marker)
+        while at >= 0:
+            code_at = at + len(self.marker)
+            if not self.with_code:
+                return at, code_at, None
+            stop = data.find(b"\x1e", code_at, code_at + 12)
+            if stop > code_at and _EXIT_CODE.fullmatch(data, code_at, stop):
+                return at, stop + 1, int(data[code_at:stop])
+            at = data.find(self.marker, at + 1)
+        return None
 
     def _keep(self, data: bytes) -> None:
         room = len(data) if self.limit is None else max(0, self.limit - len(self.body))

@@ -287,6 +287,25 @@ def test_end_marker_found_after_any_flood():
     assert rc == 7 and truncated and text.startswith("x" * 16) and len(c.late) == 100_000
 
 
+@pytest.mark.parametrize("chunks, text, rc", [
+    ([b"a\n\x1eabc:", b"-1", b"2\x1erest"], "a", -12),        # the code split across three chunks
+    ([b"\n\x1eabc:x\x1e", b"b\n\x1eabc:0\x1e"], "\n\x1eabc:x\x1eb", 0),   # a marker without a code is output
+    ([b"\n\x1eabc:", b"\n\x1eabc:5\x1e"], "\n\x1eabc:", 5),
+])
+def test_end_marker_needs_its_whole_exit_code(chunks, text, rc):
+    from nextstate.containers.protocol import _Capped
+    c = _Capped(None, b"\n\x1eabc:", True)
+    for chunk in chunks[:-1]:
+        c.feed(chunk)
+        assert not c.done()
+    c.feed(chunks[-1])
+    assert c.done() and c.text()[:2] == (text, rc)
+    err = _Capped(None, b"\x1eabc!", False)
+    err.feed(b"oops\x1eab")
+    err.feed(b"c!late")
+    assert err.text()[:2] == ("oops", None) and bytes(err.late) == b"late"
+
+
 def test_the_protocol_passes_by_names_the_agent_redefines(local_box):
     """An agent's functions or aliases named eval, read or printf do not reach the protocol; a
     function named `builtin` (which it cannot pass by) costs one timeout and a restarted shell."""
