@@ -15,8 +15,9 @@ Task directories of two formats load as written:
   ``version`` 1.x; ``[task]`` ``name``, ``keywords``; ``[agent]``/``[verifier]``
   ``timeout_sec`` and ``user``; ``[verifier]`` ``env``; ``[environment]``
   ``network_mode`` (``public`` by default, as Harbor's; or the older ``allow_internet``),
-  ``memory_mb``, ``cpus``, ``gpus``, ``storage_mb`` (the sandbox's disk limit), ``build_timeout_sec``, ``docker_image`` (a prebuilt
-  image), ``workdir`` (the sandbox's working directory)), ``instruction.md``,
+  ``memory_mb``, ``cpus``, ``gpus``, ``storage_mb`` (the sandbox's disk limit),
+  ``build_timeout_sec``, ``docker_image`` (a prebuilt image), ``workdir`` (the sandbox's
+  working directory)), ``instruction.md``,
   ``environment/`` (``Dockerfile`` or ``docker-compose.yaml`` with a ``main``
   service), ``tests/test.sh`` (writes ``/logs/verifier/reward.txt`` or
   ``reward.json``) and ``solution/solve.sh``.
