@@ -240,22 +240,26 @@ class _Capped:
 
 
 def _command_line(nonce: str, body: bytes) -> bytes:
-    """What the shell is sent for one command: the line that runs it, then its bytes.
+    """What the shell is sent for one command: a short line, the protocol's text, the command's bytes.
 
-    `read -N` takes the command's exact bytes off the stream: no fork needed, so a
-    sandbox whose pids are exhausted still answers. `\\builtin` passes by the agent's
-    functions and aliases of the same names. The command runs with the agent's -x/-v
-    (kept in __ns_x); the group after it turns them off with its own trace sent to
-    /dev/null, so a `set -x` shows the command's lines, never the protocol's. Then it
-    prints the end markers ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on
-    stdout, ``\\x1e<nonce>!`` on stderr.
+    bash reads the line it parses from a pipe one byte at a time (one ``read`` each), but
+    `read -N` takes a count of bytes in one call: so the line is only a `read -N` of the
+    protocol's text and an `eval` of it, and the text is read whole. It reads the command's
+    exact bytes the same way: no fork needed, so a sandbox whose pids are exhausted still
+    answers. Nothing is defined in the shell beforehand, so a shell the agent replaced
+    (``exec bash``) speaks the protocol as well. `\\builtin` passes by the agent's functions
+    and aliases of the same names. The command runs with the agent's -x/-v (kept in __ns_x);
+    the group after it turns them off with its own trace sent to /dev/null, so a `set -x`
+    shows the command's lines, never the protocol's. Then it prints the end markers
+    ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on stdout, ``\\x1e<nonce>!`` on stderr.
     """
-    return (
-        f"LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
+    text = (
+        f"__ns_p=; LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
         f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
         "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
-        f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2\n"
-    ).encode() + body
+        f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2"
+    ).encode()
+    return b'\\builtin read -r -N %d __ns_p;\\builtin eval "$__ns_p"\n' % len(text) + text + body
 
 
 @dataclass(slots=True)
