@@ -66,15 +66,11 @@ class LoopDisk:
         self.folder, self.size = folder, size
         self.mnt = folder / "mnt"
 
-    def free(self) -> int:
-        """Bytes the container can still write."""
+    def room(self) -> tuple[int, int, int]:
+        """Bytes the container can still write, inodes (files) it can still create, and the file
+        system's total inodes (one ``statvfs``: looked at after every command)."""
         st = os.statvfs(self.mnt)
-        return st.f_bavail * st.f_frsize
-
-    def inodes(self) -> tuple[int, int]:
-        """Inodes (files) the container can still create, and the file system's total."""
-        st = os.statvfs(self.mnt)
-        return st.f_favail, st.f_files
+        return st.f_bavail * st.f_frsize, st.f_favail, st.f_files
 
     def release(self) -> bool:
         """Unmount (which frees the loop device) and delete the image. False when the file

@@ -60,6 +60,7 @@ class FifoShell(ShellTransport):
         self.generation = 0
         self._in: int | None = None
         self._out: dict[int, int] = {}   # stream -> fd, while that stream has writers
+        self._poller = select.poll()      # those fds
 
     def bind(self) -> dict[str, dict[str, str]]:
         """The read-only bind mount the container is created with."""
@@ -91,7 +92,9 @@ class FifoShell(ShellTransport):
         self._in = os.open(self.dir / names["in"], os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         self._out = {stream: os.open(self.dir / names[n], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
                      for stream, n in ((STDOUT, "out"), (STDERR, "err"))}
+        self._poller = select.poll()
         for fd in self._out.values():   # as roomy as the engine's relay: a background flood between commands
+            self._poller.register(fd, select.POLLIN)
             try:                          # does not block its writer
                 fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             except OSError:
@@ -128,10 +131,7 @@ class FifoShell(ShellTransport):
         """Chunks ``(stream, bytes)`` read within ``timeout``; None once both streams ended."""
         if not self._out:
             return None
-        poller = select.poll()
-        for fd in self._out.values():
-            poller.register(fd, select.POLLIN)
-        ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)}
+        ready = {fd for fd, _ in self._poller.poll(max(0.0, timeout) * 1000)}
         chunks = []
         for stream, fd in list(self._out.items()):
             if fd not in ready:
@@ -145,6 +145,7 @@ class FifoShell(ShellTransport):
             if data:
                 chunks.append((stream, data))
             else:   # every writer closed it
+                self._poller.unregister(fd)
                 try:
                     os.close(fd)
                 except OSError:

@@ -350,6 +350,7 @@ def test_an_oom_kill_says_out_of_memory_and_its_limit(docker_client, terminal_im
         hog = "python3 -c 'x = bytearray(2 ** 30)'"
         r = sb.run(f"{hog}; echo after", timeout=60)   # a child killed, the command goes on
         assert r.stdout == "after\n" and "[out of memory (limit 256 MiB)" in r.stderr, r.stderr
+        sb._cgroup.close()
         sb._cgroup = None   # as on a remote engine: the count is read from inside after a 137
         r = sb.run("sh -c 'kill -9 $$'")
         assert r.exit_code == 137 and "out of memory" not in r.stderr   # a 137 of another kind
