@@ -18,6 +18,24 @@ def busy_cpu_s() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
 
 
+def containers_cpu_s() -> float | None:
+    """CPU seconds every container of the local Docker engine has spent, removed ones included
+    (their parent cgroup's count: ``docker`` under cgroup v1's ``cpuacct`` or v2 with the cgroupfs
+    driver), else None (the systemd driver puts each container under ``system.slice``)."""
+    root = "/sys/fs/cgroup"
+    for path, scale in ((f"{root}/cpuacct/docker/cpuacct.usage", 1e-9), (f"{root}/cpu,cpuacct/docker/cpuacct.usage", 1e-9)):
+        try:
+            with open(path) as f:
+                return int(f.read()) * scale
+        except (OSError, ValueError):
+            pass
+    try:
+        with open(f"{root}/docker/cpu.stat") as f:
+            return int(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def ms_percentile(seconds: list[float], q: float, digits: int = 3) -> float:
     """The ``q`` quantile (nearest rank) of durations in seconds, in milliseconds."""
     xs = sorted(seconds)

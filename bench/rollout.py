@@ -23,7 +23,10 @@ have images of their own, and each episode starts its sandbox (as in training).
 - per level, ``cpu``: how busy the machine's cores were (``busy``, 1.0 = every core all
   the time) and the CPU seconds per sample spent in this process (the model, the judge,
   the agent loop) and everywhere else (``rest``: dockerd, containerd, the sandboxes'
-  own processes, and whatever else shares the machine); ``cpu_ceiling_samples_per_s``:
+  own processes, and whatever else shares the machine) and, where the engine's containers
+  share a parent cgroup, ``rest_in_containers_s_per_sample``: the part of ``rest`` spent inside
+  containers (the agent's commands, the tasks' own tests, the shells), so what is left of
+  ``rest`` is the engine and the machine's other work; ``cpu_ceiling_samples_per_s``:
   the cores over the top level's CPU seconds per sample, the most this machine could
   reach on this workload at any concurrency;
 - ``generation``: the model alone on the agent requests the top level made (same prompts,
@@ -55,7 +58,7 @@ from typing import Any
 import torch
 
 from nextstate.agents.hf_policy import HFPolicy
-from bench import busy_cpu_s, report
+from bench import busy_cpu_s, containers_cpu_s, report
 from bench.judge import settle
 from nextstate.containers.pool import SandboxPool
 from nextstate.train.batch import trainable
@@ -64,14 +67,19 @@ from nextstate.train.rollout import collect, single_role
 from nextstate.train.wiring import chat_config, make_envs, make_judge
 
 
-def cpu_figures(machine: float | None, own: float, wall: float, samples: int) -> dict[str, Any]:
-    """How busy the cores were and where the CPU went, per sample."""
+def cpu_figures(machine: float | None, own: float, wall: float, samples: int,
+                sandboxes: float | None = None) -> dict[str, Any]:
+    """How busy the cores were and where the CPU went, per sample: this process, and the rest
+    (``sandboxes``: the part of it spent inside containers, where known)."""
     per = max(1, samples)
     if machine is None:
         return {"this_process_s_per_sample": round(own / per, 4)}
-    return {"busy": round(machine / (wall * (os.cpu_count() or 1)), 2),
-            "s_per_sample": {"this_process": round(own / per, 4),
-                             "rest": round(max(0.0, machine - own) / per, 4)}}
+    figures = {"busy": round(machine / (wall * (os.cpu_count() or 1)), 2),
+               "s_per_sample": {"this_process": round(own / per, 4),
+                                "rest": round(max(0.0, machine - own) / per, 4)}}
+    if sandboxes is not None:
+        figures["rest_in_containers_s_per_sample"] = round(sandboxes / per, 4)
+    return figures
 
 
 async def replay(policy: HFPolicy, requests: list[tuple], concurrency: int) -> float:
@@ -126,13 +134,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 batches, items = policy.batcher.batches, policy.batcher.items
                 prefilled, reused = policy.prefixes.prefilled_tokens, policy.prefixes.reused_tokens
                 record = last and level == levels[-1]
-                machine0, own0 = busy_cpu_s(), time.process_time()
+                machine0, own0, boxes0 = busy_cpu_s(), time.process_time(), containers_cpu_s()
                 start = time.monotonic()
                 trajs = await collect(factory, {role: policy}, chosen, n_samples=1, parallel=level, judge=judge,
                                       router=single_role(role), chat=chat, progress=False,
                                       sampling={"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p})
                 wall = time.monotonic() - start
-                machine1, own = busy_cpu_s(), time.process_time() - own0
+                machine1, own, boxes1 = busy_cpu_s(), time.process_time() - own0, containers_cpu_s()
                 steps = [s for t in trajs for s in t.steps]
                 samples = sum(trainable(s, role) for s in steps)
                 errors = [s.judge_error for s in steps if s.judge_error]
@@ -149,7 +157,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "prefilled_tokens": policy.prefixes.prefilled_tokens - prefilled,
                     "reused_tokens": policy.prefixes.reused_tokens - reused,
                     "cpu": cpu_figures(None if machine0 is None or machine1 is None else machine1 - machine0,
-                                       own, wall, samples),
+                                       own, wall, samples,
+                                       None if boxes0 is None or boxes1 is None else boxes1 - boxes0),
                 }
         finally:
             factory.close()
