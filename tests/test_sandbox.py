@@ -323,6 +323,19 @@ def test_the_protocol_passes_by_names_the_agent_redefines(local_box):
     assert local_box.run("echo four").stdout == "four\n"
 
 
+def test_the_line_bash_parses_is_short_and_the_protocol_keeps_no_state(local_box):
+    """bash parses a line from a pipe one byte a read, so the line is only a `read -N` of the
+    protocol's text and its `eval`; the agent overwriting the protocol's variables breaks nothing."""
+    from nextstate.containers.protocol import _command_line
+
+    line = _command_line("0123456789", b"echo hi")
+    assert len(line.split(b"\n", 1)[0]) <= 64 and line.endswith(b"echo hi")
+    local_box.run("__ns_p='echo hijacked'; __ns_cmd=x; __ns_rc=9; unset __ns_x")
+    r = local_box.run("echo one; (exit 3)")
+    assert (r.stdout, r.stderr, r.exit_code, r.shell_restarted) == ("one\n", "", 3, False)
+    assert local_box.run("echo two").stdout == "two\n"
+
+
 def test_set_x_traces_the_commands_not_the_protocol(local_box):
     local_box.run("cd /tmp; set -x")
     r = local_box.run("echo hi")
