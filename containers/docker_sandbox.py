@@ -261,6 +261,7 @@ class DockerSandbox(Sandbox):
         super().__init__(spec)
         self.client = client
         self._disk: Any = None   # a containers.disks.LoopDisk
+        self._cgroup: _HostCgroup | None = None   # found once the container runs (a local engine)
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
         local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
         self._shell = self._transport(spec.transport, local, labels)
