@@ -251,11 +251,11 @@ def _command_line(nonce: str, body: bytes) -> bytes:
     protocol's text and an `eval` of it, and the text is read whole. It reads the command's
     exact bytes the same way: no fork needed, so a sandbox whose pids are exhausted still
     answers. Each command carries the whole protocol, so it needs no state in the shell that the
-    agent could unset or redefine, and a restarted shell speaks it at once. `\\builtin` passes by the agent's functions
-    and aliases of the same names. The command runs with the agent's -x/-v (kept in __ns_x);
-    the group after it turns them off with its own trace sent to /dev/null, so a `set -x`
-    shows the command's lines, never the protocol's. Then it prints the end markers
-    ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on stdout, ``\\x1e<nonce>!`` on stderr.
+    agent could unset or redefine, and a restarted shell speaks it at once. `\\builtin` passes
+    by the agent's functions and aliases of the same names. The command runs with the agent's
+    -x/-v (kept in __ns_x); the group after it turns them off with its own trace sent to
+    /dev/null, so a `set -x` shows the command's lines, never the protocol's. Then it prints
+    the end markers ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on stdout, ``\\x1e<nonce>!`` on stderr.
     """
     text = (
         f"__ns_p=; LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
