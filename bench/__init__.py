@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -18,22 +19,27 @@ def busy_cpu_s() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")   # less idle and iowait
 
 
+def cgroup_cpu_s(directory: str | Path) -> float:
+    """CPU seconds the cgroup at ``directory`` has used: cgroup v1's ``cpuacct.usage``, else v2's
+    ``cpu.stat`` (``usage_usec``). Raises OSError, ValueError or IndexError where it has neither."""
+    directory = Path(directory)
+    try:
+        return int((directory / "cpuacct.usage").read_text()) / 1e9
+    except FileNotFoundError:
+        stat = (directory / "cpu.stat").read_text()
+        return int(stat.split("usage_usec", 1)[1].split()[0]) / 1e6
+
+
 def containers_cpu_s() -> float | None:
     """CPU seconds every container of the local Docker engine has spent, removed ones included
     (their parent cgroup's count: ``docker`` under cgroup v1's ``cpuacct`` or v2 with the cgroupfs
     driver), else None (the systemd driver puts each container under ``system.slice``)."""
-    root = "/sys/fs/cgroup"
-    for path, scale in ((f"{root}/cpuacct/docker/cpuacct.usage", 1e-9), (f"{root}/cpu,cpuacct/docker/cpuacct.usage", 1e-9)):
+    for parent in ("cpuacct/docker", "cpu,cpuacct/docker", "docker"):
         try:
-            with open(path) as f:
-                return int(f.read()) * scale
-        except (OSError, ValueError):
+            return cgroup_cpu_s(f"/sys/fs/cgroup/{parent}")
+        except (OSError, ValueError, IndexError):
             pass
-    try:
-        with open(f"{root}/docker/cpu.stat") as f:
-            return int(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
-    except (OSError, ValueError, IndexError):
-        return None
+    return None
 
 
 def ms_percentile(seconds: list[float], q: float, digits: int = 3) -> float:

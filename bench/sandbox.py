@@ -44,7 +44,7 @@ from typing import Any
 
 import docker
 
-from bench import busy_cpu_s, ms_percentile, report
+from bench import busy_cpu_s, cgroup_cpu_s, ms_percentile, report
 from nextstate import containers
 from nextstate.containers.pool import SandboxPool
 from nextstate.containers.docker_sandbox import DockerSandbox
@@ -148,14 +148,12 @@ def reset_costs(image: str, client: docker.DockerClient, n: int) -> dict[str, fl
 
 def _cgroup_cpu_s(init_pid: int) -> float:
     """CPU seconds the cgroup of the container whose init is ``init_pid`` has used (v1 or v2)."""
-    root = Path("/sys/fs/cgroup")
     for line in Path(f"/proc/{init_pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpuacct" in controllers.split(","):
-            return int((root / "cpuacct" / path.lstrip("/") / "cpuacct.usage").read_text()) / 1e9
+            return cgroup_cpu_s(f"/sys/fs/cgroup/cpuacct{path}")
         if not controllers:
-            stat = (root / path.lstrip("/") / "cpu.stat").read_text()
-            return int(stat.split("usage_usec", 1)[1].split()[0]) / 1e6
+            return cgroup_cpu_s(f"/sys/fs/cgroup{path}")
     raise OSError(f"no cpu cgroup for pid {init_pid}")
 
 
