@@ -5,14 +5,14 @@
 did, :class:`SandboxError` / :class:`SandboxConfigError` how a sandbox fails.
 The backends are :mod:`containers.docker_sandbox` and :mod:`containers.local_sandbox`.
 
-Protocol: each command's bytes follow a line that reads exactly that many
-bytes (``read -N``, no fork) and ``eval``-s them with stdin from ``/dev/null``
-(so a heredoc or an unbalanced quote cannot wedge the shell), calling both as
-``\builtin`` (so the agent's functions and aliases named ``eval``, ``read`` or
-``printf`` do not reach it; a function named ``builtin`` costs one timeout and a
-restarted shell) and keeping its own lines out of a ``set -x`` trace;
-afterwards the shell prints an end marker with the exit code on stdout and a
-second marker on stderr. Output beyond ``output_limit`` bytes per stream is
+Protocol: a new shell is sent one loop (``_LOOP``), parsed once, which per command
+reads exactly the command's bytes (``read -N``, no fork) and ``eval``-s them with
+stdin from ``/dev/null`` (so a heredoc or an unbalanced quote cannot wedge the
+shell), calling its builtins as ``\builtin`` (so the agent's functions and aliases
+named ``eval``, ``read`` or ``printf`` do not reach it; a function named
+``builtin`` costs one timeout and a restarted shell) and keeping its own lines
+out of a ``set -x`` trace; after each command it prints an end marker with the
+exit code on stdout and a second marker on stderr. Output beyond ``output_limit`` bytes per stream is
 dropped (the flood is still drained) and a visible marker says how much; the
 end marker is found however much comes before or after it. On timeout the
 command's whole process tree is killed; if the shell itself does not come back
@@ -243,27 +243,38 @@ class _Capped:
         return text, self.code, self.dropped > 0
 
 
-def _command_line(nonce: str, body: bytes) -> bytes:
-    """What the shell is sent for one command: a short line, the protocol's text, the command's bytes.
+# The shell's side of the protocol: one loop, parsed once when the shell starts (bash parses what
+# it reads from a pipe one byte a `read` call, but `read -N` takes a count in one call). Each turn
+# takes a command's frame (``_frame``) and `eval`s its bytes, stdin from /dev/null, with the agent's
+# -x/-v (kept in __ns_x) turned back on; the next turn captures the exit code, turns -x/-v off
+# (its own trace sent to /dev/null) and prints the end markers ``_exchange`` looks for:
+# ``\n\x1e<nonce>:<exit code>\x1e`` on stdout, ``\x1e<nonce>!0\x1e`` on stderr. The nonce comes
+# after the command's bytes and the code is captured after it ran, so nothing the command sets
+# reaches the protocol. A `continue` of the agent's starts the next turn, which prints the markers
+# as usual; a `break` leaves the loop, and the lines after it print them with a 1 (``!1``), so the
+# loop is sent again with the next command. TMOUT is emptied for the reads that wait for a command
+# and the command's bytes are counted as bytes (LC_ALL=C); `\builtin` passes by the agent's
+# functions and aliases named read, eval, printf or set.
+_CAPTURE = r"{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \builtin set +xv; } 2>/dev/null"
+_READ = r"TMOUT= \builtin read -r -N"
 
-    bash reads the line it parses from a pipe one byte at a time (one ``read`` each), but
-    `read -N` takes a count of bytes in one call: so the line is only a `read -N` of the
-    protocol's text and an `eval` of it, and the text is read whole. It reads the command's
-    exact bytes the same way: no fork needed, so a sandbox whose pids are exhausted still
-    answers. Each command carries the whole protocol, so it needs no state in the shell that the
-    agent could unset or redefine, and a restarted shell speaks it at once. `\\builtin` passes
-    by the agent's functions and aliases of the same names. The command runs with the agent's
-    -x/-v (kept in __ns_x); the group after it turns them off with its own trace sent to
-    /dev/null, so a `set -x` shows the command's lines, never the protocol's. Then it prints
-    the end markers ``_exchange`` looks for: ``\\n\\x1e<nonce>:<exit code>\\x1e`` on stdout, ``\\x1e<nonce>!`` on stderr.
-    """
-    text = (
-        f"__ns_p=; LC_ALL=C \\builtin read -r -d '' -N {len(body)} __ns_cmd; "
-        f"\\builtin eval \"${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd\" </dev/null; "
-        "{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \\builtin set +xv; } 2>/dev/null; "
-        f"\\builtin printf '\\n\\036{nonce}:%d\\036' $__ns_rc; \\builtin printf '\\036{nonce}!' >&2"
-    ).encode()
-    return b'\\builtin read -r -N %d __ns_p;\\builtin eval "$__ns_p"\n' % len(text) + text + body
+
+def _markers(broken: int) -> str:
+    return (r"""\builtin printf '\n\036%s:%d\036' "${__ns_h:1}" "$__ns_rc"; """
+            rf"""\builtin printf '\036%s!{broken}\036' "${{__ns_h:1}}" >&2""")
+
+
+_LOOP = (f"while {_CAPTURE}; do {_READ} 11 __ns_h || \\builtin exit; "
+         f"case $__ns_h in N*) {_markers(0)}; {_READ} 11 __ns_h || \\builtin exit;; esac; "
+         f"LC_ALL=C {_READ} $((10#${{__ns_h:1}})) __ns_cmd; "
+         f'\\builtin eval "${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd" </dev/null; done; '
+         f"{_CAPTURE}; {_READ} 11 __ns_h; {_markers(1)}\n").encode()
+
+
+def _frame(nonce: str, body: bytes) -> bytes:
+    """What the loop is sent for one command: ``H`` and the body's length in 10 digits, the body,
+    then ``N`` and the 10-character nonce its end markers carry."""
+    return b"H%010d" % len(body) + body + b"N" + nonce.encode()
 
 
 @dataclass(slots=True)
@@ -296,6 +307,7 @@ class Sandbox(ABC):
         self.spec = spec
         self.id = uuid.uuid4().hex[:12]
         self._shell_pid: int | None = None
+        self._shell_loops = False                  # the shell runs the protocol's loop (``_LOOP``)
         self.closed = False
         self._in_flight = False                    # a command was sent and not seen to end
         self._late: list[bytes] = []               # background output after the last end marker
@@ -374,7 +386,7 @@ class Sandbox(ABC):
     # -- the protocol ----------------------------------------------------------
     def _start_shell(self) -> None:
         self._open_shell()
-        self._in_flight = False
+        self._in_flight = self._shell_loops = False
         res = self._exchange("echo $$", timeout=20, limit=None)
         try:
             self._shell_pid = int(res.stdout.strip())
@@ -430,14 +442,16 @@ class Sandbox(ABC):
         what cut it short. ``limit`` caps each stream (None: the sandbox's own commands, the
         shell's start and file transfers: uncapped, no disk watchdog, no disk or memory notes)."""
         nonce = f"{_NONCES.getrandbits(40):010x}"
-        line = _command_line(nonce, command.encode())
+        frame = _frame(nonce, command.encode())
+        if not self._shell_loops:   # a new shell, or one whose loop a `break` ended: the loop first
+            frame, self._shell_loops = _LOOP + frame, True
         background = self._background_output(limit)
         out = _Capped(limit, f"\n\x1e{nonce}:".encode(), True)
-        err = _Capped(limit, f"\x1e{nonce}!".encode(), False)
+        err = _Capped(limit, f"\x1e{nonce}!".encode(), True)
         start = time.monotonic()
         self._in_flight = True
         try:
-            self._send(line)
+            self._send(frame)
         except OSError as e:
             raise self._gone(e) from e
         wait = self._await_end(out, err, start, timeout, self._disk_limit is not None and limit is not None)
@@ -446,7 +460,9 @@ class Sandbox(ABC):
             self._late = [bytes(out.late), bytes(err.late)]
         elapsed = time.monotonic() - start
         stdout, rc, t1 = out.text()
-        stderr, _, t2 = err.text()
+        stderr, broke, t2 = err.text()
+        if broke:
+            self._shell_loops = False
         notes, rc = self._notes(wait, rc, timeout, limit)
         return CommandResult(stdout, stderr + notes, 124 if rc is None else rc, elapsed,
                              wait.timed_out, t1 or t2, wait.restarted, background)

@@ -300,10 +300,10 @@ def test_end_marker_needs_its_whole_exit_code(chunks, text, rc):
         assert not c.done()
     c.feed(chunks[-1])
     assert c.done() and c.text()[:2] == (text, rc)
-    err = _Capped(None, b"\x1eabc!", False)
+    err = _Capped(None, b"\x1eabc!", True)
     err.feed(b"oops\x1eab")
-    err.feed(b"c!late")
-    assert err.text()[:2] == ("oops", None) and bytes(err.late) == b"late"
+    err.feed(b"c!0\x1elate")
+    assert err.text()[:2] == ("oops", 0) and bytes(err.late) == b"late"
 
 
 def test_the_protocol_passes_by_names_the_agent_redefines(local_box):
@@ -323,17 +323,23 @@ def test_the_protocol_passes_by_names_the_agent_redefines(local_box):
     assert local_box.run("echo four").stdout == "four\n"
 
 
-def test_the_line_bash_parses_is_short_and_the_protocol_keeps_no_state(local_box):
-    """bash parses a line from a pipe one byte a read, so the line is only a `read -N` of the
-    protocol's text and its `eval`; the agent overwriting the protocol's variables breaks nothing."""
-    from nextstate.containers.protocol import _command_line
+def test_the_shell_parses_its_loop_once_and_the_protocol_keeps_no_state(local_box):
+    """bash parses a pipe one byte a `read`, so it parses the protocol's loop once and then only
+    `read -N`s; nothing the agent sets (the protocol's variables, TMOUT) or does at the top level
+    (`break`, `continue`, deeper than the loop) reaches it: every command gets its own result."""
+    from nextstate.containers.protocol import _frame
 
-    line = _command_line("0123456789", b"echo hi")
-    assert len(line.split(b"\n", 1)[0]) <= 64 and line.endswith(b"echo hi")
-    local_box.run("__ns_p='echo hijacked'; __ns_cmd=x; __ns_rc=9; unset __ns_x")
+    assert _frame("0123456789", b"echo hi") == b"H0000000007echo hiN0123456789"
+    local_box.run("__ns_h=N0000000000; __ns_cmd=x; __ns_rc=9; __ns_x=xv; unset __ns_p; TMOUT=1")
+    time.sleep(1.5)   # past TMOUT: the loop's wait for the next command is not cut short
     r = local_box.run("echo one; (exit 3)")
     assert (r.stdout, r.stderr, r.exit_code, r.shell_restarted) == ("one\n", "", 3, False)
-    assert local_box.run("echo two").stdout == "two\n"
+    for word in ("break", "continue", "break 9", "continue 9", "for i in 1; do break 2; done"):
+        r = local_box.run(f"cd /tmp; {word}")
+        assert (r.stdout, r.exit_code, r.shell_restarted) == ("", 0, False), (word, r)
+        r = local_box.run("pwd; false")
+        assert (r.stdout, r.stderr, r.exit_code, r.shell_restarted) == ("/tmp\n", "", 1, False), (word, r)
+        local_box.run("cd /")
 
 
 def test_set_x_traces_the_commands_not_the_protocol(local_box):
