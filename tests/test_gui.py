@@ -139,6 +139,23 @@ def test_a_desktop_that_cannot_start_fails_at_once_with_its_logs(pool):
         fresh.close()
 
 
+@pytest.mark.docker
+def test_a_starting_desktop_is_not_taken_for_one_that_exited(pool):
+    """Whether the start script still runs does not rest on matching command lines: `pgrep -f` misses a
+    process in the middle of an exec (its command line is empty for a moment), here one that never matches."""
+    from nextstate.envs.gui.desktop import DesktopClient
+    from nextstate.envs.pool import SandboxPool
+    fresh = SandboxPool(DESKTOP_IMAGE, size=1, warm=False, memory="2g", pids_limit=1024)
+    try:
+        with fresh.lease() as sb:
+            sb.run("mkdir -p /tmp/blind && printf '#!/bin/sh\\nexit 1\\n' > /tmp/blind/pgrep"
+                   " && chmod +x /tmp/blind/pgrep && export PATH=/tmp/blind:$PATH")
+            DesktopClient(sb).start(1280, 720, timeout=120)
+            assert sb.run("curl -s -m 5 http://127.0.0.1:5000/platform").stdout.strip() == "Linux"
+    finally:
+        fresh.close()
+
+
 @pytest.fixture(scope="module")
 def env(pool):
     tasks = builtin_tasks() + load_tasks(FIXTURES / "examples" / "chrome") + load_tasks(FIXTURES / "examples" / "os")

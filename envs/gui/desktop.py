@@ -71,10 +71,15 @@ class DesktopClient:
         probe = f"curl -s -m 1 -o /dev/null http://127.0.0.1:{self.port}/platform"
         if self.sandbox.run(probe, timeout=5).exit_code == 0:
             return
-        self.sandbox.run(f"SCREEN_SIZE={width}x{height} CONTROLLER_PORT={self.port} "
-                         "setsid -f nextstate-desktop >/tmp/desktop.log 2>&1", timeout=10)
-        # up: the controller answers; gone: neither the start script nor the controller runs
-        check = f"{probe} && echo up || pgrep -f 'nextstate-desktop|desktop/controller.py' >/dev/null || echo gone"
+        # The start script's pid, written before the launch returns: it stays the same through the
+        # script's `exec` of the controller. (`pgrep -f` can miss a process in the middle of an exec,
+        # its command line empty for a moment: a desktop still starting was taken for one that exited.)
+        pid = "/tmp/.nextstate-desktop.pid"
+        self.sandbox.run(f"rm -f {pid}; SCREEN_SIZE={width}x{height} CONTROLLER_PORT={self.port} "
+                         f"setsid -f sh -c 'echo $$ >{pid}; exec nextstate-desktop' >/tmp/desktop.log 2>&1; "
+                         f"for i in $(seq 200); do [ -s {pid} ] && break; sleep 0.05; done", timeout=20)
+        # up: the controller answers; gone: the start script (the controller, once it execs) runs no more
+        check = f'{probe} && echo up || kill -0 "$(cat {pid} 2>/dev/null)" 2>/dev/null || echo gone'
         deadline = time.monotonic() + timeout
         while (state := self.sandbox.run(check, timeout=5).stdout.strip()) != "up":
             if state == "gone" or time.monotonic() > deadline:
