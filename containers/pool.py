@@ -537,8 +537,7 @@ class SandboxPool:
             w(None)
         self._workers.shutdown(wait=True, cancel_futures=True)
         boxes += self._resetting   # their resets were cancelled before they ran: nothing else removes them
-        with ThreadPoolExecutor(max_workers=16) as ex:
-            list(ex.map(self._destroy, boxes))
+        _each_at_once(self._destroy, boxes, width=16)
         if self.backend == "docker":
             from nextstate import containers
             for client in self._clients:
@@ -553,6 +552,36 @@ class SandboxPool:
 
     def __len__(self) -> int:
         return self.size
+
+
+def _each_at_once(fn: Callable[[Any], object], items: list[Any], width: int) -> None:
+    """``fn(item)`` for every item, ``width`` at a time, in plain threads: an executor refuses new
+    work once the interpreter is shutting down, which is when the atexit hook closes the pools left
+    open. An item that raises is logged and the others go on; where no thread can be started, they
+    run one after another here."""
+    todo = collections.deque(items)
+
+    def work() -> None:
+        while True:
+            try:
+                item = todo.popleft()
+            except IndexError:
+                return
+            try:
+                fn(item)
+            except Exception as e:  # one sandbox that fails to go must not keep the rest
+                log.warning("closing %s: %s", getattr(item, "id", item), e)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(width, len(items)))]
+    try:
+        for t in threads:
+            t.start()
+    except RuntimeError:   # no new threads at this point of the shutdown
+        pass
+    work()
+    for t in threads:
+        if t.ident is not None:
+            t.join()
 
 
 _handlers_installed = False

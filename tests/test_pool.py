@@ -127,8 +127,8 @@ async def test_32_concurrent_leases_from_asyncio(terminal_image):
         assert pool.stats()["ready"] == 8
 
 
-def spawn_pool_owner(image: str, run_id: str) -> subprocess.Popen:
-    """A separate Python process holding a warm pool of 2 under ``run_id``."""
+def spawn_pool_owner(image: str, run_id: str, then: str = "time.sleep(600)") -> subprocess.Popen:
+    """A separate Python process holding a warm pool of 2 under ``run_id``, then doing ``then``."""
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
@@ -136,9 +136,10 @@ def spawn_pool_owner(image: str, run_id: str) -> subprocess.Popen:
         pool = SandboxPool({image!r}, size=2, backend="docker", run_id={run_id!r})
         pool.wait_ready(120)
         print("ready", flush=True)
-        time.sleep(600)
+        {then}
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -160,6 +161,15 @@ def test_sigterm_closes_the_pool(terminal_image, docker_client):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) != 0
     assert containers.project_containers(docker_client, "sigterm-test") == []
+
+
+def test_a_pool_left_open_is_closed_when_its_process_ends(terminal_image, docker_client):
+    """The atexit hook removes its containers, though the interpreter takes no new executor work by
+    then (it used to log "cannot schedule new futures after interpreter shutdown" and leave them)."""
+    proc = spawn_pool_owner(terminal_image, "exit-test", then="pass")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "ERROR" not in err, err
+    assert containers.project_containers(docker_client, "exit-test") == []
 
 
 def test_pool_spans_several_engine_urls(terminal_image):
