@@ -557,8 +557,8 @@ class SandboxPool:
 def _each_at_once(fn: Callable[[Any], object], items: list[Any], width: int) -> None:
     """``fn(item)`` for every item, ``width`` at a time, in plain threads: an executor refuses new
     work once the interpreter is shutting down, which is when the atexit hook closes the pools left
-    open. An item that raises is logged and the others go on; where no thread can be started, they
-    run one after another here."""
+    open. This thread is one of the ``width``. An item that raises is logged and the others go on;
+    where no thread can be started, they run one after another here."""
     todo = collections.deque(items)
 
     def work() -> None:
@@ -572,7 +572,7 @@ def _each_at_once(fn: Callable[[Any], object], items: list[Any], width: int) -> 
             except Exception as e:  # one sandbox that fails to go must not keep the rest
                 log.warning("closing %s: %s", getattr(item, "id", item), e)
 
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(width, len(items)))]
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(width, len(items)) - 1)]
     try:
         for t in threads:
             t.start()

@@ -5,20 +5,20 @@
 did, :class:`SandboxError` / :class:`SandboxConfigError` how a sandbox fails.
 The backends are :mod:`containers.docker_sandbox` and :mod:`containers.local_sandbox`.
 
-Protocol: a new shell is sent one loop (``_LOOP``), parsed once, which per command
-reads exactly the command's bytes (``read -N``, no fork) and ``eval``-s them with
-stdin from ``/dev/null`` (so a heredoc or an unbalanced quote cannot wedge the
-shell), calling its builtins as ``\builtin`` (so the agent's functions and aliases
-named ``eval``, ``read`` or ``printf`` do not reach it; a function named
-``builtin`` costs one timeout and a restarted shell) and keeping its own lines
-out of a ``set -x`` trace; after each command it prints an end marker with the
-exit code on stdout and a second marker on stderr. Output beyond ``output_limit`` bytes per stream is
-dropped (the flood is still drained) and a visible marker says how much; the
-end marker is found however much comes before or after it. On timeout the
-command's whole process tree is killed; if the shell itself does not come back
-(a builtin busy loop), the shell is restarted and the result says that its
-state was reset. A command bash cannot take (a NUL byte, text that is not
-UTF-8) is not sent: its result says why, with exit code 2.
+Protocol: a new shell is sent one loop (``_LOOP``), parsed once, which per
+command reads exactly the command's bytes (``read -N``, no fork) and ``eval``-s
+them with stdin from ``/dev/null`` (so a heredoc or an unbalanced quote cannot
+wedge the shell), calling its builtins as ``\builtin`` (so the agent's functions
+and aliases named ``eval``, ``read`` or ``printf`` do not reach it; a function
+named ``builtin`` costs one timeout and a restarted shell) and keeping its own
+lines out of a ``set -x`` trace; after each command it prints an end marker with
+the exit code on stdout and a second marker on stderr. Output beyond
+``output_limit`` bytes per stream is dropped (the flood is still drained) and a
+visible marker says how much; the end marker is found however much comes before
+or after it. On timeout the command's whole process tree is killed; if the shell
+itself does not come back (a builtin busy loop), the shell is restarted and the
+result says that its state was reset. A command bash cannot take (a NUL byte,
+text that is not UTF-8) is not sent: its result says why, with exit code 2.
 
 Background jobs (``cmd &``) share the shell's output streams. What they print
 between two commands is reported apart, in :attr:`CommandResult.background`
