@@ -176,16 +176,17 @@ _NONCES = random.Random()
 
 
 class _Capped:
-    """One stream of one command: the first ``limit`` bytes before its end marker, the exit
-    code after it, and whatever came after that (output of background jobs).
+    """One stream of one command: the first ``limit`` bytes before its end marker, the code
+    after it (stdout's: the exit code; stderr's: 1 where a `break` left the shell's loop), and
+    whatever came after that (output of background jobs).
 
     The marker is looked for in every chunk plus the few bytes kept back from the one
     before, so no flood before or after it can push it out of sight.
     """
 
-    def __init__(self, limit: int | None, marker: bytes, with_code: bool):
+    def __init__(self, limit: int | None, marker: bytes):
         self.limit = limit
-        self.marker, self.with_code = marker, with_code
+        self.marker = marker
         self.keep = len(marker) + 8   # the longest end that can straddle two chunks
         self.body = bytearray()
         self.pending = b""
@@ -210,14 +211,12 @@ class _Capped:
             self._keep(data[:cut])
             self.pending = data[cut:]
 
-    def _end(self, data: bytes) -> tuple[int, int, int | None] | None:
+    def _end(self, data: bytes) -> tuple[int, int, int] | None:
         """Where the first whole end marker in ``data`` starts and stops, and the exit code in it
         (a plain search: a pattern compiled per command, its nonce in it, cost more than the rest)."""
         at = data.find(self.marker)
         while at >= 0:
             code_at = at + len(self.marker)
-            if not self.with_code:
-                return at, code_at, None
             stop = data.find(b"\x1e", code_at, code_at + 12)
             if stop > code_at and _EXIT_CODE.fullmatch(data, code_at, stop):
                 return at, stop + 1, int(data[code_at:stop])
@@ -233,7 +232,7 @@ class _Capped:
         return self.finished
 
     def text(self) -> tuple[str, int | None, bool]:
-        """Decoded text before the marker, the exit code after it, truncated?"""
+        """Decoded text before the marker, the code after it (None: no marker seen), truncated?"""
         if not self.finished:  # timed out or restarted: what was kept back is output too
             self._keep(self.pending)
             self.pending = b""
@@ -446,8 +445,8 @@ class Sandbox(ABC):
         if not self._shell_loops:   # a new shell, or one whose loop a `break` ended: the loop first
             frame, self._shell_loops = _LOOP + frame, True
         background = self._background_output(limit)
-        out = _Capped(limit, f"\n\x1e{nonce}:".encode(), True)
-        err = _Capped(limit, f"\x1e{nonce}!".encode(), True)
+        out = _Capped(limit, f"\n\x1e{nonce}:".encode())
+        err = _Capped(limit, f"\x1e{nonce}!".encode())
         start = time.monotonic()
         self._in_flight = True
         try:

@@ -279,7 +279,7 @@ def test_background_output_is_attributed_and_floods_cannot_hide_the_marker(docke
 
 def test_end_marker_found_after_any_flood():
     from nextstate.containers.protocol import _Capped
-    c = _Capped(16, b"\n\x1eabc:", True)
+    c = _Capped(16, b"\n\x1eabc:")
     c.feed(b"x" * 100_000 + b"\n\x1eab")
     c.feed(b"c:7\x1e" + b"y" * 100_000)   # the marker split across chunks, then a flood
     assert c.done()
@@ -294,13 +294,13 @@ def test_end_marker_found_after_any_flood():
 ])
 def test_end_marker_needs_its_whole_exit_code(chunks, text, rc):
     from nextstate.containers.protocol import _Capped
-    c = _Capped(None, b"\n\x1eabc:", True)
+    c = _Capped(None, b"\n\x1eabc:")
     for chunk in chunks[:-1]:
         c.feed(chunk)
         assert not c.done()
     c.feed(chunks[-1])
     assert c.done() and c.text()[:2] == (text, rc)
-    err = _Capped(None, b"\x1eabc!", True)
+    err = _Capped(None, b"\x1eabc!")
     err.feed(b"oops\x1eab")
     err.feed(b"c!0\x1elate")
     assert err.text()[:2] == ("oops", 0) and bytes(err.late) == b"late"
@@ -330,7 +330,7 @@ def test_the_shell_parses_its_loop_once_and_the_protocol_keeps_no_state(local_bo
     from nextstate.containers.protocol import _frame
 
     assert _frame("0123456789", b"echo hi") == b"H0000000007echo hiN0123456789"
-    local_box.run("__ns_h=N0000000000; __ns_cmd=x; __ns_rc=9; __ns_x=xv; unset __ns_p; TMOUT=1")
+    local_box.run("__ns_h=N0000000000; __ns_cmd=x; __ns_rc=9; __ns_x=xv; TMOUT=1")
     time.sleep(1.5)   # past TMOUT: the loop's wait for the next command is not cut short
     r = local_box.run("echo one; (exit 3)")
     assert (r.stdout, r.stderr, r.exit_code, r.shell_restarted) == ("one\n", "", 3, False)
