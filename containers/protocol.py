@@ -253,7 +253,11 @@ class _Capped:
 # as usual; a `break` leaves the loop, and the lines after it print them with a 1 (``!1``), so the
 # loop is sent again with the next command. TMOUT is emptied for the reads that wait for a command
 # and the command's bytes are counted as bytes (LC_ALL=C); `\builtin` passes by the agent's
-# functions and aliases named read, eval, printf or set.
+# functions and aliases named read, eval, printf or set. The loop is parsed with alias expansion
+# off (an alias of the agent's named `while` or `case` would change it), and the loop turns it
+# back on where the agent had it (``_ALIASES_OFF``, a line of its own: bash runs a line before it
+# parses the next).
+_ALIASES_OFF = "\\builtin shopt -q expand_aliases && __ns_a=1 || __ns_a=; \\builtin shopt -u expand_aliases\n"
 _CAPTURE = r"{ __ns_rc=$?; __ns_x=${-//[!xv]/}; \builtin set +xv; } 2>/dev/null"
 _READ = r"TMOUT= \builtin read -r -N"
 
@@ -263,7 +267,8 @@ def _markers(broken: int) -> str:
             rf"""\builtin printf '\036%s!{broken}\036' "${{__ns_h:1}}" >&2""")
 
 
-_LOOP = (f"while {_CAPTURE}; do {_READ} 11 __ns_h || \\builtin exit; "
+_LOOP = (f"{_ALIASES_OFF}case $__ns_a in 1) \\builtin shopt -s expand_aliases;; esac; "
+         f"while {_CAPTURE}; do {_READ} 11 __ns_h || \\builtin exit; "
          f"case $__ns_h in N*) {_markers(0)}; {_READ} 11 __ns_h || \\builtin exit;; esac; "
          f"LC_ALL=C {_READ} $((10#${{__ns_h:1}})) __ns_cmd; "
          f'\\builtin eval "${{__ns_x:+\\\\builtin set -$__ns_x;}}$__ns_cmd" </dev/null; done; '

@@ -340,6 +340,11 @@ def test_the_shell_parses_its_loop_once_and_the_protocol_keeps_no_state(local_bo
         r = local_box.run("pwd; false")
         assert (r.stdout, r.stderr, r.exit_code, r.shell_restarted) == ("/tmp\n", "", 1, False), (word, r)
         local_box.run("cd /")
+    # the loop sent again after a `break` is parsed without the agent's aliases, which stay on
+    local_box.run("shopt -s expand_aliases; alias while='echo W' case='echo C' done=: hi='echo alias'")
+    assert local_box.run("break").exit_code == 0
+    r = local_box.run("hi; shopt -q expand_aliases")
+    assert (r.stdout, r.exit_code, r.shell_restarted) == ("alias\n", 0, False), r
 
 
 def test_set_x_traces_the_commands_not_the_protocol(local_box):
