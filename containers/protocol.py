@@ -312,6 +312,7 @@ class Sandbox(ABC):
         self.id = uuid.uuid4().hex[:12]
         self._shell_pid: int | None = None
         self._shell_loops = False                  # the shell runs the protocol's loop (``_LOOP``)
+        self._starting = False                     # in _start_shell: no second start from within
         self.closed = False
         self._in_flight = False                    # a command was sent and not seen to end
         self._late: list[bytes] = []               # background output after the last end marker
@@ -389,9 +390,15 @@ class Sandbox(ABC):
 
     # -- the protocol ----------------------------------------------------------
     def _start_shell(self) -> None:
+        """A new shell that answers; ``SandboxError`` when it exits or stays silent instead (an
+        image without bash, streams that do not reach it) rather than another start."""
         self._open_shell()
         self._in_flight = self._shell_loops = False
-        res = self._exchange("echo $$", timeout=20, limit=None)
+        self._starting = True
+        try:
+            res = self._exchange("echo $$", timeout=20, limit=None)
+        finally:
+            self._starting = False
         try:
             self._shell_pid = int(res.stdout.strip())
         except ValueError as e:
@@ -531,6 +538,9 @@ class Sandbox(ABC):
         code = self._shell_exit_code()
         if code is None:
             raise self._gone(None)
+        if self._starting:
+            raise SandboxError(f"sandbox {self.id}: its shell exited as it started (exit code {code}: "
+                               "has the image bash?)")
         self._close_shell()
         self._start_shell()
         wait.restarted, wait.rc_exit = True, code
@@ -561,6 +571,8 @@ class Sandbox(ABC):
 
     def _restart_shell(self) -> None:
         """A new shell; every other process (background jobs included) is killed."""
+        if self._starting:
+            raise SandboxError(f"sandbox {self.id}: its new shell did not answer")
         self._kill_others(keep_shell=False)
         self._close_shell()
         self._start_shell()

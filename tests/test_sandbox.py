@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -380,3 +381,22 @@ def test_an_oom_kill_says_out_of_memory_and_its_limit(docker_client, terminal_im
         assert r.exit_code == 137 and "out of memory" not in r.stderr   # a 137 of another kind
         r = sb.run(hog, timeout=60)
         assert r.exit_code == 137 and "[out of memory (limit 256 MiB)" in r.stderr, r.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("transport", ["exec", "fifo"])
+def test_a_shell_that_cannot_start_fails_the_sandbox_at_once(docker_client, terminal_image, transport):
+    """An image without bash: one SandboxError that says so (a start that failed used to start the
+    shell again from within, until Python's recursion limit)."""
+    tag = f"nextstate-test/no-bash:{os.getpid()}"
+    docker_client.images.build(fileobj=io.BytesIO(f"FROM {terminal_image}\nUSER root\nRUN rm -f /bin/bash "
+                                                  "/usr/bin/bash\n".encode()), tag=tag, rm=True,
+                               labels=containers.owner_labels("pytest-sandbox"))
+    try:
+        with pytest.raises(SandboxError, match="has the image bash|bash.*not found") as e:
+            DockerSandbox(SandboxSpec(image=tag, transport=transport), docker_client,
+                          containers.owner_labels("pytest-sandbox"))
+        assert "recursion" not in str(e.value)
+        assert not docker_client.containers.list(all=True, filters={"ancestor": tag})   # removed
+    finally:
+        docker_client.images.remove(tag, force=True)
