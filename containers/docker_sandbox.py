@@ -38,7 +38,7 @@ from typing import Any, Callable
 from nextstate.containers.engine import RUN_LABEL
 from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
-                                           SandboxSpec, _mib)
+                                           SandboxSpec, _mib, parse_size)
 from nextstate.containers.shell_transport import ExecStream, ShellTransport
 
 log = logging.getLogger(__name__)
@@ -255,16 +255,47 @@ class DockerSandbox(Sandbox):
     backend = "docker"
     _quota_support: "dict[str, bool]" = {}   # engine URL -> whether it takes a storage quota
     _loop_support: "dict[str, bool]" = {}    # engine URL -> whether its containers get loop disks
+    _fifo_support: "dict[str, bool]" = {}    # engine URL -> whether its containers see FIFOs of this host
 
     def __init__(self, spec: SandboxSpec, client: Any, labels: dict[str, str], baseline: bool = False):
         """``baseline``: record the fresh state, so that :meth:`reset` can restore and check it."""
+        import docker
+
         super().__init__(spec)
         self.client = client
         self._disk: Any = None   # a containers.disks.LoopDisk
         self._cgroup: _HostCgroup | None = None   # found once the container runs (a local engine)
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
-        local = str(client.api.base_url).startswith(("http+docker://localhost", "http+unix://"))
-        self._shell = self._transport(spec.transport, local, labels)
+        engine = str(client.api.base_url)
+        local = engine.startswith(("http+docker://localhost", "http+unix://"))
+        self._shell = self._transport(spec.transport, local and self._fifo_support.get(engine, True), labels)
+        try:
+            self._create_and_start(spec, client, labels)
+        except docker.errors.APIError as e:
+            if not (isinstance(self._shell, FifoShell) and "mount" in str(e).lower()):
+                raise
+            self._no_fifos(engine, f"the engine cannot mount {self._shell.dir}: {str(e)[:300]}")
+            self._disk_limit, self._disk = parse_size(spec.disk), None
+            self._create_and_start(spec, client, labels)
+        self.id = self.container.id[:12]
+        self._shell_host_pid: int | None = None
+        try:
+            self.container.reload()
+            self._init_pid = int(self.container.attrs["State"]["Pid"])
+            self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
+            if isinstance(self._shell, FifoShell):
+                if why := self._shell.unseen_by(self._init_pid):
+                    self._no_fifos(engine, why)
+                else:
+                    self._fifo_support[engine] = True
+            self._start_shell()
+            self._fresh: dict[str, Any] | None = self._state() if baseline else None
+        except BaseException:
+            self.close()
+            raise
+
+    def _create_and_start(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> None:
+        """Create the container, give it its disk and start it; on failure nothing of it is left."""
         try:
             self.container = self._create(spec, client, labels)
         except BaseException:
@@ -282,26 +313,16 @@ class DockerSandbox(Sandbox):
                     f"image {spec.image} has no user {spec.user!r}: set `user` in the task file or "
                     "the config (e.g. root), or add the user to the image") from None
             raise
-        self.id = self.container.id[:12]
-        self._shell_host_pid: int | None = None
-        try:
-            self.container.reload()
-            self._init_pid = int(self.container.attrs["State"]["Pid"])
-            self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
-            self._start_shell()
-            self._fresh: dict[str, Any] | None = self._state() if baseline else None
-        except BaseException:
-            self.close()
-            raise
 
-    _fifo_warned = False
+    _fifo_said = False
 
     @classmethod
     def _transport(cls, transport: str, local: bool, labels: dict[str, str]) -> ShellTransport:
-        """The shell's transport: the exec stream for ``"exec"``; FIFOs for ``"fifo"`` on a local
-        engine, else (with one warning, where this host cannot make them) the exec stream."""
-        if transport not in ("exec", "fifo"):
-            raise SandboxConfigError(f"transport must be exec or fifo, got {transport!r}")
+        """The shell's transport: the exec stream for ``"exec"``; FIFOs for ``"fifo"`` and
+        ``"auto"`` on a local engine, else (said once, where this host cannot make them) the exec
+        stream. ``local``: the engine is on a unix socket and has not been seen to fail FIFOs."""
+        if transport not in ("auto", "exec", "fifo"):
+            raise SandboxConfigError(f"transport must be auto, exec or fifo, got {transport!r}")
         if transport == "exec":
             return ExecStream()
         why = "the engine is not local"
@@ -310,10 +331,24 @@ class DockerSandbox(Sandbox):
                 return FifoShell(labels.get(RUN_LABEL, "-"))
             except FifoUnavailable as e:
                 why = str(e)
-        if not cls._fifo_warned:
-            cls._fifo_warned = True
-            log.warning("sandbox shells use the docker exec stream, not FIFOs: %s", why)
+        cls._say_no_fifos(transport, why)
         return ExecStream()
+
+    @classmethod
+    def _say_no_fifos(cls, transport: str, why: str) -> None:
+        """Once a process: shells use the exec stream (a warning where FIFOs were asked for)."""
+        if not cls._fifo_said:
+            cls._fifo_said = True
+            (log.warning if transport == "fifo" else log.info)(
+                "sandbox shells use the docker exec stream, not FIFOs: %s", why)
+
+    def _no_fifos(self, engine: str, why: str) -> None:
+        """FIFOs do not reach this sandbox's container: its shell, and the engine's from now on,
+        use the exec stream."""
+        self._shell.remove()
+        self._shell = ExecStream()
+        self._fifo_support[engine] = False
+        self._say_no_fifos(self.spec.transport, why)
 
     def _create(self, spec: SandboxSpec, client: Any, labels: dict[str, str]) -> Any:
         """Create the container, with the engine's storage quota when its driver has one."""

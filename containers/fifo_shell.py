@@ -1,6 +1,7 @@
-"""A sandbox shell's streams through FIFOs, around ``dockerd``'s stream relay (``transport="fifo"``).
+"""A sandbox shell's streams through FIFOs, around ``dockerd``'s stream relay (``transport="fifo"``,
+and ``"auto"``, the default, where the container is seen to get them: :meth:`FifoShell.unseen_by`).
 
-With the default transport (``"exec"``) every byte of a command and of its output is copied
+With the exec stream (``transport="exec"``) every byte of a command and of its output is copied
 twice on the host: by ``containerd-shim`` between the shell's pipes and its FIFOs, and by
 ``dockerd`` between those FIFOs and the client's socket. Here the shell reads and writes
 three FIFOs itself: they sit in a host directory of their own (``SHELL_ROOT/<pid>.<run>.<id>``,
@@ -8,7 +9,7 @@ three FIFOs itself: they sit in a host directory of their own (``SHELL_ROOT/<pid
 the container, so nothing can be written there but the FIFOs' streams (a FIFO on a read-only
 mount stays writable; no regular file can be made). The shell is still started by one
 ``docker exec`` (detached), so the engine knows its pid and exit code as before.
-:class:`FifoShell` is a :class:`~containers.shell_transport.ShellTransport`, as the default
+:class:`FifoShell` is a :class:`~containers.shell_transport.ShellTransport`, as
 :class:`~containers.shell_transport.ExecStream` is.
 
 Only for a local engine (the FIFOs must be on the engine's host). Every FIFO is opened
@@ -36,7 +37,17 @@ from nextstate.containers.shell_transport import ShellTransport
 
 log = logging.getLogger(__name__)
 
-SHELL_ROOT = Path(os.environ.get("NEXTSTATE_SHELL_DIR", "/run/nextstate/shells"))
+def _shell_root() -> Path:
+    """``NEXTSTATE_SHELL_DIR``; else /run/nextstate/shells for root, and for another user its
+    ``XDG_RUNTIME_DIR`` (a rootless engine's own), where there is one."""
+    if "NEXTSTATE_SHELL_DIR" in os.environ:
+        return Path(os.environ["NEXTSTATE_SHELL_DIR"])
+    if os.geteuid() != 0 and os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "nextstate" / "shells"
+    return Path("/run/nextstate/shells")
+
+
+SHELL_ROOT = _shell_root()
 MOUNT = "/.nextstate-shell"   # where the container sees its FIFOs (read-only)
 STDOUT, STDERR = 1, 2
 PIPE_SIZE = 1 << 20   # bytes each output FIFO holds unread
@@ -65,6 +76,22 @@ class FifoShell(ShellTransport):
     def bind(self) -> dict[str, dict[str, str]]:
         """The read-only bind mount the container is created with."""
         return {str(self.dir): {"bind": MOUNT, "mode": "ro"}}
+
+    def unseen_by(self, pid: int) -> str | None:
+        """Why the container whose process ``pid`` is (a pid of this host) does not see this
+        directory at ``MOUNT``, or cannot be looked into; None when it sees it. An engine on a
+        unix socket may still be elsewhere: in a VM, or the host of a container given its socket."""
+        elsewhere = "(is the engine on another host or in a VM?)"
+        try:
+            here = os.stat(self.dir)
+            inside = os.stat(f"/proc/{pid}/root{MOUNT}")
+        except FileNotFoundError:
+            return f"the container has no process of this host with the FIFOs mounted {elsewhere}"
+        except OSError as e:
+            return f"cannot look into the container: {e.strerror}"
+        if (inside.st_dev, inside.st_ino) != (here.st_dev, here.st_ino):
+            return f"the container's mount is another directory {elsewhere}"
+        return None
 
     def open(self, api: Any, container_id: str, spec: SandboxSpec) -> str:
         """New FIFOs, and a new shell on them started by a detached ``docker exec``; returns its id.

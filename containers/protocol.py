@@ -124,9 +124,10 @@ class SandboxSpec:
     disk: str | int | None = "2g"     # the writable layer's size limit; None: no limit
     command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
     #: How the shell's streams reach this process: "exec" (a ``docker exec`` socket, relayed by
-    #: the engine) or "fifo" (FIFOs in a read-only bind mount, local engines only:
-    #: :mod:`containers.fifo_shell`). Default: ``NEXTSTATE_SHELL_TRANSPORT``, else "exec".
-    transport: str = field(default_factory=lambda: os.environ.get("NEXTSTATE_SHELL_TRANSPORT", "exec"))
+    #: the engine), "fifo" (FIFOs in a read-only bind mount, local engines only:
+    #: :mod:`containers.fifo_shell`; elsewhere "exec", with a warning) or "auto" (FIFOs where the
+    #: container is seen to get them, else "exec"). Default: ``NEXTSTATE_SHELL_TRANSPORT``, else "auto".
+    transport: str = field(default_factory=lambda: os.environ.get("NEXTSTATE_SHELL_TRANSPORT", "auto"))
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 :class:`ShellTransport` is what the sandbox calls: ``bind`` (the mounts its container is created
 with), ``open`` (a new shell, started by one ``docker exec``), ``send``, ``recv``, ``close``,
-``is_open`` and ``remove``. Two implement it: :class:`ExecStream` here (``transport="exec"``, the
-default: the exec's multiplexed socket) and :class:`~containers.fifo_shell.FifoShell`
-(``transport="fifo"``: FIFOs in a read-only bind mount, around ``dockerd``'s relay).
+``is_open`` and ``remove``. Two implement it: :class:`ExecStream` here (``transport="exec"``: the
+exec's multiplexed socket, wherever the engine is) and :class:`~containers.fifo_shell.FifoShell`
+(FIFOs in a read-only bind mount, around ``dockerd``'s relay: ``"fifo"``, and ``"auto"``, the
+default, where the container is seen to get them).
 """
 
 from __future__ import annotations

@@ -52,9 +52,11 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="module")
-def env(terminal_image):
-    with SandboxPool(terminal_image, size=1, backend="docker") as pool:
+@pytest.fixture(scope="module", params=["auto", "exec"])
+def env(request, terminal_image):
+    """The hostile episode's env, on each shell transport: the default (FIFOs, on this host) and
+    the exec stream (what an engine elsewhere gets)."""
+    with SandboxPool(terminal_image, size=1, backend="docker", transport=request.param) as pool:
         e = ShellEnv(pool=pool, max_steps=2 * len(HOSTILE) + 5)
         yield e
         e.close()

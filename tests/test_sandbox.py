@@ -16,9 +16,11 @@ from nextstate.containers.local_sandbox import LocalSandbox
 from nextstate.containers.protocol import SandboxError, SandboxSpec
 
 
-@pytest.fixture
-def docker_box(docker_client, terminal_image):
-    sb = DockerSandbox(SandboxSpec(image=terminal_image, pids_limit=128), docker_client,
+@pytest.fixture(params=["auto", "exec"])
+def docker_box(request, docker_client, terminal_image):
+    """A Docker sandbox on each transport: the default (FIFOs, on this host) and the exec stream
+    (what an engine elsewhere gets)."""
+    sb = DockerSandbox(SandboxSpec(image=terminal_image, pids_limit=128, transport=request.param), docker_client,
                        containers.owner_labels("pytest-sandbox"))
     yield sb
     sb.close()
