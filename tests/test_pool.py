@@ -17,6 +17,7 @@ import pytest
 
 from nextstate import containers
 from nextstate.envs.pool import EnvCache, PoolClosed, PoolTimeout, SandboxPool
+from nextstate.containers.fifo_shell import FifoShell
 from nextstate.containers.protocol import SandboxError
 
 pytestmark = pytest.mark.docker
@@ -320,20 +321,26 @@ class EngineDoor:
                 s.shutdown(2)
 
 
-def test_engine_that_stops_answering_fails_leases_at_once_and_the_pool_recovers(terminal_image, tmp_path):
+@pytest.mark.parametrize("transport", ["exec", "auto"])
+def test_engine_that_stops_answering_fails_leases_at_once_and_the_pool_recovers(terminal_image, tmp_path, transport):
     """While no engine of the pool answers, a lease raises SandboxError at once (not after its
-    timeout) and a leased sandbox's command raises too; when the engine answers again, so does the pool."""
+    timeout); a leased sandbox's command raises too on the exec stream, and is answered on FIFOs
+    (the default here: its streams do not pass through the engine, and its container still runs).
+    When the engine answers again, so does the pool."""
     if not Path("/var/run/docker.sock").exists() or os.environ.get("DOCKER_HOST"):
         pytest.skip("forwards to the local engine's socket")
     sock = tmp_path / "engine.sock"
     door = EngineDoor(sock)
-    pool = SandboxPool(terminal_image, size=1, backend="docker", hosts=[f"unix://{sock}"])
+    pool = SandboxPool(terminal_image, size=1, backend="docker", hosts=[f"unix://{sock}"], transport=transport)
     try:
         pool.wait_ready(120)
         held = pool.lease(timeout=5)
         door.close()
-        with pytest.raises(SandboxError):
-            held.run("echo hi")
+        if transport == "exec":
+            with pytest.raises(SandboxError):
+                held.run("echo hi")
+        else:
+            assert isinstance(held._shell, FifoShell) and held.run("echo hi").stdout == "hi\n"
         pool.release(held)
         started = time.monotonic()
         with pytest.raises(SandboxError, match="no Docker engine of the pool answers"):
