@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nextstate.containers.engine import RUN_LABEL
+from nextstate.containers.engine import RUN_LABEL, remove_container
 from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
                                            SandboxSpec, _mib, parse_size)
@@ -637,8 +637,8 @@ class DockerSandbox(Sandbox):
 
     def _dispose(self) -> None:
         try:
-            self.container.remove(force=True)
-        except Exception as e:  # already gone, or the engine went away
+            remove_container(self.client, self.container.id)
+        except Exception as e:  # already gone, or the engine went away (said once by remove_container)
             log.debug("removing %s: %s", self.id, e)
         self._shell.remove()
         if self._cgroup is not None:

@@ -10,7 +10,7 @@ import docker
 import requests
 
 from nextstate.containers.disks import reap_disks
-from nextstate.containers.engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed
+from nextstate.containers.engine import PROJECT, PROJECT_LABEL, RUN_LABEL, connect, doomed, remove_container
 from nextstate.containers.fifo_shell import reap_shell_dirs
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def reap(
         if not doomed(info.get("Labels") or {}, all_hosts=all_hosts, run_id=run_id):
             continue
         try:
-            client.api.remove_container(info["Id"], force=True, v=True)
+            remove_container(client, info["Id"])
         except docker.errors.NotFound:
             continue
         except docker.errors.APIError as exc:
@@ -78,8 +78,9 @@ def reap(
             raise
         except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
             pending.append(info["Id"][:12])
-            log.warning("reap: the engine did not remove container %s in time (%s); left for the next reap",
-                        info["Id"][:12], type(exc).__name__)
+            if len(pending) == 1:
+                log.warning("reap: the engine did not remove container %s (%s); it and the rest are left "
+                            "for the next reap", info["Id"][:12], exc)
             continue
         removed += 1
     if disks and not pending:

@@ -147,6 +147,7 @@ def test_reap_survives_vanished_container(client: docker.DockerClient) -> None:
     class Vanishing:
         def __init__(self, real: docker.DockerClient) -> None:
             self.real = real
+            self.base_url = real.api.base_url
 
         def containers(self, **_: object) -> list[dict]:
             labels = {**owner_labels("gone"), PID_LABEL: str(dead_pid())}
@@ -160,31 +161,93 @@ def test_reap_survives_vanished_container(client: docker.DockerClient) -> None:
 
 
 def test_reap_leaves_a_removal_the_engine_times_out_on_for_next_time(monkeypatch, caplog) -> None:
-    """An engine that does not answer one removal in time (hung dockerd) fails no caller: the other
-    containers go, that one is left with a warning, and no disk is reaped this time."""
+    """An engine that does not answer a removal in time (hung dockerd) fails no caller: that
+    container and the rest are left for the next reap with one warning (each would wait out the
+    whole timeout), and no disk is reaped this time."""
     import importlib
 
     import requests
 
+    from nextstate.containers import engine
+
     reap_module = importlib.import_module("nextstate.containers.reap")   # the package re-exports reap()
+    monkeypatch.setattr(engine, "_UNANSWERED", {})
     labels = {**owner_labels("gone"), PID_LABEL: str(dead_pid())}
-    removed, disks = [], []
+    asked, disks = [], []
 
     class Hung:
+        base_url = "http+docker://hung"
+
         def containers(self, **_: object) -> list[dict]:
-            return [{"Id": "a" * 64, "Labels": labels}, {"Id": "b" * 64, "Labels": labels}]
+            return [{"Id": c * 64, "Labels": labels} for c in "abc"]
 
         def remove_container(self, container_id: str, **_: object) -> None:
-            if container_id.startswith("a"):
-                raise requests.exceptions.ReadTimeout("read timed out (60 s)")
-            removed.append(container_id)
+            asked.append(container_id)
+            raise requests.exceptions.ReadTimeout("read timed out (60 s)")
 
     monkeypatch.setattr(reap_module, "reap_disks", lambda **kw: disks.append(kw))
     fake = type("Client", (), {"api": Hung()})()
     with caplog.at_level("WARNING"):
-        assert reap(fake) == 1
-    assert removed == ["b" * 64] and disks == []
+        assert reap(fake) == 0
+    assert asked == ["a" * 64] and disks == []
     assert "aaaaaaaaaaaa" in caplog.text and "next reap" in caplog.text
+    assert sum("moby/moby#46661" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_removals_go_to_an_engine_one_at_a_time_and_none_after_one_unanswered(tmp_path, monkeypatch) -> None:
+    """Two removals at once on an engine that never answers (a real socket that accepts and
+    stays silent): one request reaches it, times out, and the other fails at once (no second
+    request); after the pause, removals are sent again."""
+    import socket
+    import threading
+    import time
+
+    import requests
+
+    from nextstate.containers import engine
+
+    monkeypatch.setattr(engine, "_UNANSWERED", {})
+    path = tmp_path / "silent.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(8)
+    requests_seen, conns = [], []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            data = conn.recv(65536)
+            if data.startswith(b"DELETE"):
+                requests_seen.append(data.split(b" ")[1])
+
+    threading.Thread(target=accept, daemon=True).start()
+    client = docker.DockerClient(base_url=f"unix://{path}", version="1.41", timeout=1)
+    errors = []
+
+    def remove(cid: str) -> None:
+        started = time.monotonic()
+        try:
+            engine.remove_container(client, cid)
+        except requests.exceptions.Timeout as e:
+            errors.append((cid, time.monotonic() - started, str(e)))
+
+    threads = [threading.Thread(target=remove, args=(c * 64,)) for c in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(requests_seen) == 1 and len(errors) == 2
+    assert sum("left a removal unanswered" in e[2] for e in errors) == 1
+    monkeypatch.setattr(engine, "UNANSWERED_PAUSE", 0.0)
+    remove("c" * 64)
+    assert len(requests_seen) == 2
+    server.close()
+    for c in conns:
+        c.close()
 
 
 def test_chain_and_hash_follow_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
