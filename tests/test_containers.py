@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -214,15 +215,11 @@ def test_removals_go_to_an_engine_one_at_a_time_and_none_after_one_unanswered(tm
     requests_seen, conns = [], []
 
     def accept() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            conns.append(conn)
-            data = conn.recv(65536)
-            if data.startswith(b"DELETE"):
-                requests_seen.append(data.split(b" ")[1])
+        with contextlib.suppress(OSError):   # until the server is closed
+            while True:
+                conns.append(server.accept()[0])
+                if (data := conns[-1].recv(65536)).startswith(b"DELETE"):
+                    requests_seen.append(data.split(b" ")[1])
 
     threading.Thread(target=accept, daemon=True).start()
     client = docker.DockerClient(base_url=f"unix://{path}", version="1.41", timeout=1)
