@@ -284,10 +284,10 @@ class DockerSandbox(Sandbox):
             self._init_pid = int(self.container.attrs["State"]["Pid"])
             self._cgroup = _HostCgroup.find(self._init_pid, self.container.id) if local else None
             if isinstance(self._shell, FifoShell):
-                if why := self._shell.unseen_by(self._init_pid):
-                    self._no_fifos(engine, why)
-                else:
+                if not (why := self._shell.unseen_by(self._init_pid)):
                     self._fifo_support[engine] = True
+                elif self._still_running():   # else its command exited: the shell's start says so
+                    self._no_fifos(engine, why)
             self._start_shell()
             self._fresh: dict[str, Any] | None = self._state() if baseline else None
         except BaseException:
@@ -626,14 +626,16 @@ class DockerSandbox(Sandbox):
             return None
         return info.get("ExitCode")
 
-    def is_alive(self) -> bool:
-        if self.closed or not self._shell.is_open:
-            return False
+    def _still_running(self) -> bool:
+        """Whether the engine says the container runs."""
         try:
             self.container.reload()
-        except Exception:
+        except Exception:   # the engine: docker.errors.APIError, connection errors
             return False
         return self.container.status == "running"
+
+    def is_alive(self) -> bool:
+        return not self.closed and self._shell.is_open and self._still_running()
 
     def _dispose(self) -> None:
         try:

@@ -79,8 +79,8 @@ def reap(
         except (requests.exceptions.Timeout, requests.exceptions.ConnectionError) as exc:
             pending.append(info["Id"][:12])
             if len(pending) == 1:
-                log.warning("reap: the engine did not remove container %s (%s); it and the rest are left "
-                            "for the next reap", info["Id"][:12], exc)
+                log.warning("reap: the engine did not remove container %s (%s); what it does not "
+                            "remove is left for the next reap", info["Id"][:12], exc)
             continue
         removed += 1
     if disks and not pending:

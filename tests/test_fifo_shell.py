@@ -120,3 +120,17 @@ def test_reap_removes_the_dirs_of_dead_owners_and_of_a_run(tmp_path: Path, monke
     assert fifo_shell.reap_shell_dirs("run-b") == 1 and not other.dir.exists() and mine.dir.exists()
     mine.remove()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.docker
+def test_a_container_that_exits_at_once_does_not_cost_the_engine_its_fifos(docker_client, terminal_image,
+                                                                          monkeypatch):
+    """Its init is gone before the mount is looked at: that says nothing of the engine."""
+    monkeypatch.setattr(DockerSandbox, "_fifo_support", {})
+    with pytest.raises(SandboxError):
+        DockerSandbox(SandboxSpec(image=terminal_image, transport="auto", disk=None, command=["true"]),
+                      docker_client, containers.owner_labels("pytest-fifo"))
+    assert DockerSandbox._fifo_support.get(str(docker_client.api.base_url)) is not False
+    with DockerSandbox(SandboxSpec(image=terminal_image, transport="auto", disk=None), docker_client,
+                       containers.owner_labels("pytest-fifo")) as sb:
+        assert isinstance(sb._shell, fifo_shell.FifoShell)
