@@ -10,10 +10,14 @@
 - ``parallel`` sandboxes alive at once, all stepping back to back (a
   saturation test: ``parallel_steps_per_s``, ``parallel_step_ms_p99``), and
   each stepping once per ``--pace`` seconds as agents waiting on a model do
-  (``paced_step_ms_p99``);
+  (``paced_step_ms_p99``); ``parallel_slowest_1pct``: where the slowest 1% of saturated steps
+  waited, before the shell ran the command (``before_ms``: the shells' turn) or after (``after_ms``:
+  this process's turn);
 - ``parallel_cpu_ms_per_step``: the CPU per saturated step spent by this process (``client``),
   ``dockerd``, the pool's containerd shims and everything in its containers (``sandboxes``: their
   cgroups, i.e. the shells), with the load average around each saturated run;
+- ``--gates default off``: the same per step gate (:mod:`containers.gate`), keyed
+  ``"<transport>, gate <setting>"`` in ``by_transport``, each with ``gate`` (its places);
 - ``--transports exec fifo``: the pool's figures above once per shell transport
   (``SandboxSpec.transport``: the ``docker exec`` stream, or FIFOs around ``dockerd``), in
   ``by_transport`` (the first's also at the top level), each with ``transport_step_ms_p50`` (one
@@ -48,6 +52,7 @@ from bench import busy_cpu_s, cgroup_cpu_s, ms_percentile, report
 from nextstate import containers
 from nextstate.containers.pool import SandboxPool
 from nextstate.containers.docker_sandbox import DockerSandbox
+from nextstate.containers.gate import StepGate
 from nextstate.containers.protocol import SandboxSpec
 
 
@@ -174,25 +179,33 @@ def cpu_by_part(boxes: list[DockerSandbox]) -> dict[str, float]:
             "shim": sum(_proc_cpu_s(p) for p in shims), "sandboxes": sum(_cgroup_cpu_s(p) for p in inits)}
 
 
-def stepping(boxes: list[DockerSandbox], rounds: int, pace: float) -> tuple[list[float], float]:
+def stepping(boxes: list[DockerSandbox], rounds: int, pace: float) -> tuple[list[float], list[tuple[float, float]], float]:
     """Every sandbox steps ``rounds`` times, back to back (pace 0) or once per ``pace`` seconds
-    from a random phase, as agents waiting on a model do: the latencies and the wall time."""
+    from a random phase, as agents waiting on a model do: the latencies, each split in two, and
+    the wall time. The step is ``echo $EPOCHREALTIME`` (a builtin, like ``true``): the shell's
+    clock when it ran the command splits a step into the part before (the frame written, the shell
+    woken, the command read) and the part after (the markers written, this process woken, the
+    output read). The engine is local, so both clocks are this kernel's."""
     lat: list[float] = []
+    split: list[tuple[float, float]] = []
     lock = threading.Lock()
     barrier = threading.Barrier(len(boxes) + 1)
 
     def worker(b, phase: float) -> None:
-        mine = []
+        mine, halves = [], []
         barrier.wait()
         start = time.perf_counter() + phase
         for i in range(rounds):
             if pace:
                 time.sleep(max(0.0, start + i * pace - time.perf_counter()))
-            t = time.perf_counter()
-            b.run("true")
+            t, sent = time.perf_counter(), time.time()
+            out = b.run("echo $EPOCHREALTIME").stdout
             mine.append(time.perf_counter() - t)
+            ran = float(out)
+            halves.append((ran - sent, time.time() - ran))
         with lock:
             lat.extend(mine)
+            split.extend(halves)
 
     threads = [threading.Thread(target=worker, args=(b, random.random() * pace)) for b in boxes]
     for th in threads:
@@ -201,26 +214,46 @@ def stepping(boxes: list[DockerSandbox], rounds: int, pace: float) -> tuple[list
     t = time.perf_counter()
     for th in threads:
         th.join()
-    return lat, time.perf_counter() - t
+    return lat, split, time.perf_counter() - t
+
+
+def slowest_split(lat: list[float], split: list[tuple[float, float]]) -> dict[str, float]:
+    """Where the slowest 1% of steps waited: the mean ms before the shell ran the command and
+    after it."""
+    worst = sorted(range(len(lat)), key=lat.__getitem__)[-max(1, len(lat) // 100):]
+    return {"before_ms": round(statistics.mean(split[i][0] for i in worst) * 1000, 1),
+            "after_ms": round(statistics.mean(split[i][1] for i in worst) * 1000, 1)}
+
+
+def _gate_for(setting: str, boxes: list[DockerSandbox]) -> StepGate | None:
+    """The gate a ``--gates`` setting gives a pool's sandboxes: ``default`` (what a sandbox gets:
+    its engine's gate, or none under ``NEXTSTATE_STEP_GATE=0``), ``off``, or a number of places."""
+    if setting == "default":
+        return boxes[0].gate
+    return None if setting == "off" else StepGate(int(setting))
 
 
 def transport_figures(image: str, args: argparse.Namespace, say) -> dict[str, dict[str, Any]]:
     """A pool of ``args.parallel`` sandboxes per shell transport, all alive at once, stepped in
     turn (``--repeats`` times each, so the machine's load drifts over all of them alike): lease
     times, idle memory, one sandbox's steps, steps back to back (saturated, with the machine CPU
-    per step by part) and paced. With several transports the pools' sandboxes have no disk limit
-    (twice ``--parallel`` loop disks could be more than a host has)."""
+    per step by part) and paced. With several ``--gates`` each pool steps once per gate setting, in
+    turn; the figures are keyed ``"<transport>, gate <setting>"``. With several transports the
+    pools' sandboxes have no disk limit (twice ``--parallel`` loop disks could be more than a host
+    has)."""
     spec = {} if len(args.transports) == 1 else {"disk": None}
+    labels = {(t, g): t if len(args.gates) == 1 else f"{t}, gate {g}" for t in args.transports for g in args.gates}
     figures: dict[str, dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
         boxes: dict[str, list[DockerSandbox]] = {}
+        gates: dict[tuple[str, str], StepGate | None] = {}
         for transport in args.transports:
             say(f"pool of {args.parallel} ({transport}): warming up ...")
             t0 = time.perf_counter()
             pool = stack.enter_context(SandboxPool(image, size=args.parallel, backend="docker", reset="reuse",
                                                    transport=transport, **spec))
             pool.wait_ready(1800)
-            res = figures[transport] = {"transport": transport, "pool_fill_s": round(time.perf_counter() - t0, 1)}
+            res = {"transport": transport, "pool_fill_s": round(time.perf_counter() - t0, 1)}
             leases = []
             for _ in range(3):
                 held = []
@@ -233,31 +266,47 @@ def transport_figures(image: str, args: argparse.Namespace, say) -> dict[str, di
             res["lease_ms_p50"] = ms(leases, .5)
             boxes[transport] = [pool.lease() for _ in range(args.parallel)]
             res["idle_rss_mb_per_sandbox"] = round(statistics.mean(sandbox_rss_mb(b) for b in boxes[transport][:16]), 2)
-        runs: dict[str, dict[str, Any]] = {t: {"single": [], "lat": [], "wall": 0.0, "paced": [], "load": [],
-                                               "cpu": collections.Counter()} for t in args.transports}
+            for g in args.gates:
+                gates[transport, g] = gate = _gate_for(g, boxes[transport])
+                figures[labels[transport, g]] = dict(res, gate=gate.size if gate else None)
+        runs: dict[tuple[str, str], dict[str, Any]] = {
+            key: {"single": [], "lat": [], "split": [], "wall": 0.0, "paced": [], "load": [],
+                  "cpu": collections.Counter()} for key in labels}
         for rep in range(args.repeats):
-            for transport in args.transports:
-                mine, run = boxes[transport], runs[transport]
-                say(f"{transport}, round {rep + 1}: one sandbox, then {args.parallel} back to back, then paced ...")
+            for (transport, g), run in runs.items():
+                mine = boxes[transport]
+                for b in mine:
+                    b.gate = gates[transport, g]
+                say(f"{labels[transport, g]}, round {rep + 1}: one sandbox, then {args.parallel} back to back, "
+                    "then paced ...")
                 run["single"] += timed(lambda: mine[0].run("true"), args.steps)
                 cpu0, load0 = cpu_by_part(mine), os.getloadavg()[0]
-                lat, wall = stepping(mine, args.parallel_rounds, 0.0)
+                lat, split, wall = stepping(mine, args.parallel_rounds, 0.0)
                 cpu1 = cpu_by_part(mine)
                 run["lat"] += lat
+                run["split"] += split
                 run["wall"] += wall
                 run["cpu"].update({k: cpu1[k] - cpu0[k] for k in cpu0})
                 run["load"] += [round(load0, 2), round(os.getloadavg()[0], 2)]
                 run["paced"] += stepping(mine, args.parallel_rounds, args.pace)[0]
-    for transport, run in runs.items():
+    for key, run in runs.items():
         n = len(run["lat"])
-        figures[transport].update(
+        figures[labels[key]].update(
             transport_step_ms_p50=ms(run["single"], .5), parallel=args.parallel, repeats=args.repeats,
             parallel_steps_per_s=round(n / run["wall"], 1),
             parallel_step_ms_p50=ms(run["lat"], .5), parallel_step_ms_p99=ms(run["lat"], .99),
+            parallel_step_ms_max=ms(run["lat"], 1.0),
+            parallel_slowest_1pct=slowest_split(run["lat"], run["split"]),
             parallel_cpu_ms_per_step={k: round(v / n * 1000, 3) for k, v in run["cpu"].items()},
             parallel_load_avg=run["load"], paced_interval_s=args.pace,
             paced_step_ms_p50=ms(run["paced"], .5), paced_step_ms_p99=ms(run["paced"], .99))
     return figures
+
+
+def _gate_setting(text: str) -> str:
+    if text in ("default", "off") or text.isdigit() and int(text) > 0:
+        return text
+    raise argparse.ArgumentTypeError(f"a gate is default, off or a number of places, not {text!r}")
 
 
 def main() -> None:
@@ -271,6 +320,9 @@ def main() -> None:
     ap.add_argument("--image", default="nextstate/terminal:latest")
     ap.add_argument("--transports", nargs="+", default=["exec"], choices=["exec", "fifo"],
                     help="shell transports (SandboxSpec.transport) to run the pool's stepping with, one after the other")
+    ap.add_argument("--gates", nargs="+", default=["default"], type=_gate_setting,
+                    help="step gates (containers.gate) to step each pool with, in turn: default (the "
+                         "engine's, as a sandbox gets it), off, or a number of places")
     ap.add_argument("--repeats", type=int, default=1,
                     help="times each transport's pool steps (saturated, then paced), in turn with the others'")
     ap.add_argument("--resets", type=int, default=10, help="verified resets timed, and as many new sandboxes")
@@ -301,8 +353,8 @@ def main() -> None:
     res["cold_start_ms_p50"] = ms(cold, .5)
 
     by_transport = transport_figures(image, args, say)
-    res.update(by_transport[args.transports[0]])
-    if len(args.transports) > 1:
+    res.update(next(iter(by_transport.values())))
+    if len(by_transport) > 1:
         res["by_transport"] = by_transport
     res["step_vs_docker_exec"] = round(res["docker_exec_ms_p50"] / res["step_ms_p50"], 1)
     res["lease_vs_cold_start"] = round(res["cold_start_ms_p50"] / max(res["lease_ms_p50"], 1e-4), 1)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from nextstate.containers.engine import RUN_LABEL, remove_container
 from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
+from nextstate.containers.gate import engine_gate
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
                                            SandboxSpec, _mib, parse_size)
 from nextstate.containers.shell_transport import ExecStream, ShellTransport
@@ -230,6 +231,14 @@ class _HostCgroup:
             self.freeze_file.write_text("THAWED" if not self.v2 else "0")
 
 
+def _engine_cpus(client: Any) -> int:
+    """The CPU count of a remote engine's host (this host's where the engine does not say)."""
+    try:
+        return int(client.info()["NCPU"])
+    except Exception:   # an engine too old or too odd to say: this host's count is the best guess
+        return os.cpu_count() or 1
+
+
 def _oom_count(text: str) -> int | None:
     """N of the ``oom_kill N`` line of a cgroup's memory.events / memory.oom_control."""
     m = re.search(r"^oom_kill (\d+)$", text, re.M)
@@ -268,6 +277,7 @@ class DockerSandbox(Sandbox):
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
         engine = str(client.api.base_url)
         local = engine.startswith(("http+docker://localhost", "http+unix://"))
+        self.gate = engine_gate(engine, (os.cpu_count() or 1) if local else lambda: _engine_cpus(client))
         self._shell = self._transport(spec.transport, local and self._fifo_support.get(engine, True), labels)
         try:
             self._create_and_start(spec, client, labels)

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nextstate.containers.gate import StepGate, Ticket
+
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "nextstate/terminal:latest"
@@ -319,6 +321,7 @@ class Sandbox(ABC):
         self._late: list[bytes] = []               # background output after the last end marker
         self._disk_limit = parse_size(spec.disk)
         self._disk_checked = 0.0
+        self.gate: StepGate | None = None          # where the agent's commands queue when many step at once
 
     # -- transport, per backend ------------------------------------------------
     @abstractmethod
@@ -429,7 +432,7 @@ class Sandbox(ABC):
             log.warning("sandbox %s: the previous command did not finish cleanly; restarting its shell",
                         self.id)
             self._restart_shell()
-        return self._exchange(command, seconds, self.spec.output_limit)
+        return self._exchange(command, seconds, self.spec.output_limit, gated=True)
 
     def _background_output(self, limit: int | None) -> str:
         """What background jobs printed since the last end marker (read without waiting)."""
@@ -449,10 +452,11 @@ class Sandbox(ABC):
                 f"\n[... {len(late) - limit} more bytes not shown ...]"
         return late.decode("utf-8", errors="replace")
 
-    def _exchange(self, command: str, timeout: float, limit: int | None) -> CommandResult:
+    def _exchange(self, command: str, timeout: float, limit: int | None, gated: bool = False) -> CommandResult:
         """One round trip: send ``command``, read both streams up to their end markers and say
         what cut it short. ``limit`` caps each stream (None: the sandbox's own commands, the
-        shell's start and file transfers: uncapped, no disk watchdog, no disk or memory notes)."""
+        shell's start and file transfers: uncapped, no disk watchdog, no disk or memory notes).
+        ``gated``: the command waits its turn at :attr:`gate` (the agent's commands)."""
         nonce = f"{_NONCES.getrandbits(40):010x}"
         frame = _frame(nonce, command.encode())
         if not self._shell_loops:   # a new shell, or one whose loop a `break` ended: the loop first
@@ -460,13 +464,19 @@ class Sandbox(ABC):
         background = self._background_output(limit)
         out = _Capped(limit, f"\n\x1e{nonce}:".encode())
         err = _Capped(limit, f"\x1e{nonce}!".encode())
-        start = time.monotonic()
-        self._in_flight = True
+        ticket = self.gate.enter() if gated and self.gate is not None else None
         try:
-            self._send(frame)
-        except OSError as e:
-            raise self._gone(e) from e
-        wait = self._await_end(out, err, start, timeout, self._disk_limit is not None and limit is not None)
+            start = time.monotonic()
+            self._in_flight = True
+            try:
+                self._send(frame)
+            except OSError as e:
+                raise self._gone(e) from e
+            wait = self._await_end(out, err, start, timeout, self._disk_limit is not None and limit is not None,
+                                   ticket)
+        finally:
+            if ticket is not None:
+                ticket.leave()
         if not wait.restarted:
             self._in_flight = False
             self._late = [bytes(out.late), bytes(err.late)]
@@ -479,9 +489,11 @@ class Sandbox(ABC):
         return CommandResult(stdout, stderr + notes, 124 if rc is None else rc, elapsed,
                              wait.timed_out, t1 or t2, wait.restarted, background)
 
-    def _await_end(self, out: _Capped, err: _Capped, start: float, timeout: float, watch: bool) -> _Wait:
+    def _await_end(self, out: _Capped, err: _Capped, start: float, timeout: float, watch: bool,
+                   ticket: Ticket | None = None) -> _Wait:
         """Feed ``out`` and ``err`` until both saw their end marker, killing the command past its
-        deadline and, with ``watch``, measuring the disk meanwhile; what happened comes back."""
+        deadline and, with ``watch``, measuring the disk meanwhile; what happened comes back. The
+        command's place at the gate (``ticket``) is given back once it is due."""
         wait = _Wait(start + timeout)
         if watch:
             wait.next_disk = (start if start - self._disk_checked >= self.disk_check_every else
@@ -494,7 +506,10 @@ class Sandbox(ABC):
                 break
             if now >= wait.next_disk:
                 self._check_disk(wait)
-            wake = min(wait.deadline, wait.next_kill, wait.next_disk)
+            if ticket is not None and now >= ticket.due:
+                ticket.leave()
+                ticket = None
+            wake = min(wait.deadline, wait.next_kill, wait.next_disk, ticket.due if ticket else math.inf)
             chunks = self._recv(max(0.001, wake - now) if wait.timed_out else max(0.001, min(wake - now, 1.0)))
             if chunks is None:  # the shell ended: `exit` typed, or the sandbox died
                 self._shell_ended(wait)

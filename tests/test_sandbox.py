@@ -66,6 +66,21 @@ def test_local_contract(local_box):
 
 
 @pytest.mark.docker
+def test_sandboxes_of_one_engine_share_its_step_gate(docker_box, docker_client, terminal_image):
+    """Every sandbox of an engine queues at one gate (``containers.gate``), sized by its CPUs."""
+    from nextstate.containers.gate import PER_CPU, engine_gate
+    gate = engine_gate(str(docker_client.api.base_url), 1)
+    assert docker_box.gate is gate and gate.size == PER_CPU * (os.cpu_count() or 1)
+    other = DockerSandbox(SandboxSpec(image=terminal_image), docker_client, containers.owner_labels("test-gate"))
+    try:
+        assert other.gate is gate
+        assert other.run("echo hi").stdout == "hi\n"
+    finally:
+        other.close()
+    assert gate._free == gate.size and not gate._queue
+
+
+@pytest.mark.docker
 def test_timeout_kills_the_command_and_keeps_the_shell(docker_box):
     docker_box.run("cd /tmp && export KEEP=1")
     r = docker_box.run("sleep 60; sleep 60; sleep 60", timeout=1)
