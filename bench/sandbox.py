@@ -10,8 +10,9 @@
 - ``parallel`` sandboxes alive at once, all stepping back to back (a
   saturation test: ``parallel_steps_per_s``, ``parallel_step_ms_p99``), and
   each stepping once per ``--pace`` seconds as agents waiting on a model do
-  (``paced_step_ms_p99``); ``parallel_slowest_1pct``: where the slowest 1% of saturated steps
-  waited, before the shell ran the command (``before_ms``: the shells' turn) or after (``after_ms``:
+  (``paced_step_ms_p99``); ``parallel_step_ms_max``: the worst saturated step;
+  ``parallel_slowest_1pct``: where the slowest 1% of saturated steps waited, before the shell ran
+  the command (``before_ms``: the step gate's queue, then the shells' turn) or after (``after_ms``:
   this process's turn);
 - ``parallel_cpu_ms_per_step``: the CPU per saturated step spent by this process (``client``),
   ``dockerd``, the pool's containerd shims and everything in its containers (``sandboxes``: their
