@@ -37,7 +37,6 @@ from typing import Any, Callable
 
 from nextstate.containers.engine import RUN_LABEL, remove_container
 from nextstate.containers.fifo_shell import FifoShell, FifoUnavailable
-from nextstate.containers.gate import engine_gate
 from nextstate.containers.protocol import (_KILL_TREE, ResetResult, Sandbox, SandboxConfigError, SandboxError,
                                            SandboxSpec, _mib, parse_size)
 from nextstate.containers.shell_transport import ExecStream, ShellTransport
@@ -277,7 +276,7 @@ class DockerSandbox(Sandbox):
         self._ooms = 0           # OOM kills in the container's cgroup seen so far
         engine = str(client.api.base_url)
         local = engine.startswith(("http+docker://localhost", "http+unix://"))
-        self.gate = engine_gate(engine, (os.cpu_count() or 1) if local else lambda: _engine_cpus(client))
+        self._use_gate(engine, (os.cpu_count() or 1) if local else lambda: _engine_cpus(client))
         self._shell = self._transport(spec.transport, local and self._fifo_support.get(engine, True), labels)
         try:
             self._create_and_start(spec, client, labels)

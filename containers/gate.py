@@ -99,8 +99,9 @@ _BY_ENGINE_LOCK = threading.Lock()
 
 def engine_gate(engine: str, cpus: int | Callable[[], int]) -> StepGate | None:
     """The gate of the sandboxes of ``engine`` (a URL, or ``"local"``) in this process, made on
-    first use; None where ``NEXTSTATE_STEP_GATE`` is ``0``. ``cpus``: the engine host's CPU count,
-    or a function that asks for it (called once)."""
+    first use; None where ``NEXTSTATE_STEP_GATE`` is ``0``, and ``ValueError`` where it is not a
+    number. ``cpus``: the engine host's CPU count, or a function that asks for it
+    (called once)."""
     with _BY_ENGINE_LOCK:
         if engine not in _BY_ENGINE:
             _BY_ENGINE[engine] = _make(cpus)
@@ -110,12 +111,9 @@ def engine_gate(engine: str, cpus: int | Callable[[], int]) -> StepGate | None:
 def _make(cpus: int | Callable[[], int]) -> StepGate | None:
     text = os.environ.get("NEXTSTATE_STEP_GATE", "").strip()
     if text:
-        try:
-            size = int(text)
-        except ValueError:
-            raise ValueError(f"NEXTSTATE_STEP_GATE must be a number of steps (0: no gate), got {text!r}") from None
-        if size < 0:
+        if not text.isdigit():
             raise ValueError(f"NEXTSTATE_STEP_GATE must be a number of steps (0: no gate), got {text!r}")
+        size = int(text)
         return StepGate(size) if size else None
     return StepGate(PER_CPU * max(1, cpus() if callable(cpus) else cpus))
 

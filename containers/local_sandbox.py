@@ -13,7 +13,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from nextstate.containers.gate import engine_gate
 from nextstate.containers.protocol import _KILL_TREE, STDERR, STDOUT, Sandbox, SandboxError, SandboxSpec
 
 _BWRAP_TRIES = 3
@@ -32,7 +31,7 @@ class LocalSandbox(Sandbox):
 
     def __init__(self, spec: SandboxSpec):
         super().__init__(spec)
-        self.gate = engine_gate("local", os.cpu_count() or 1)
+        self._use_gate("local", os.cpu_count() or 1)
         self._disk_limit = None   # not enforced: the scratch directory is on the host's disk
         self.root = Path(tempfile.mkdtemp(prefix="nextstate-sbx-"))
         self.bwrap = shutil.which("bwrap")

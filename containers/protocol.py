@@ -43,9 +43,9 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from nextstate.containers.gate import StepGate, Ticket
+from nextstate.containers.gate import StepGate, Ticket, engine_gate
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,14 @@ class Sandbox(ABC):
         self._disk_limit = parse_size(spec.disk)
         self._disk_checked = 0.0
         self.gate: StepGate | None = None          # where the agent's commands queue when many step at once
+
+    def _use_gate(self, engine: str, cpus: int | Callable[[], int]) -> None:
+        """Queue the agent's commands at the step gate of ``engine`` (:mod:`containers.gate`);
+        a ``NEXTSTATE_STEP_GATE`` that is not a number is a :class:`SandboxConfigError`."""
+        try:
+            self.gate = engine_gate(engine, cpus)
+        except ValueError as e:
+            raise SandboxConfigError(str(e)) from None
 
     # -- transport, per backend ------------------------------------------------
     @abstractmethod

@@ -12,7 +12,8 @@ import pytest
 from nextstate.containers import gate as gates
 from nextstate.containers.gate import StepGate
 from nextstate.containers.local_sandbox import LocalSandbox
-from nextstate.containers.protocol import SandboxSpec
+from nextstate.containers.pool import SandboxPool
+from nextstate.containers.protocol import SandboxConfigError, SandboxSpec
 
 
 def _queued(gate: StepGate, n: int) -> None:
@@ -153,3 +154,12 @@ def test_size_from_the_environment(monkeypatch):
         monkeypatch.setenv("NEXTSTATE_STEP_GATE", bad)
         with pytest.raises(ValueError, match="NEXTSTATE_STEP_GATE"):
             gates.engine_gate(f"e{bad}", 2)
+
+
+def test_a_bad_gate_size_fails_a_pools_lease_at_once(monkeypatch):
+    """A broken setting is the sandbox's configuration: no retry can help, so the lease fails."""
+    monkeypatch.setattr(gates, "_BY_ENGINE", {})
+    monkeypatch.setenv("NEXTSTATE_STEP_GATE", "eight")
+    with pytest.warns(RuntimeWarning), SandboxPool("local", size=1, backend="local") as pool:
+        with pytest.raises(SandboxConfigError, match="NEXTSTATE_STEP_GATE must be a number"):
+            pool.lease(timeout=60)
